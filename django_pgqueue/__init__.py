@@ -1,0 +1,51 @@
+"""django-pgqueue: a production job queue on the PostgreSQL you already run.
+
+The public API is what this module exports; everything else is internal.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from . import exceptions
+from .backoff import Backoff
+from .enqueue import JobSpec, enqueue, enqueue_many
+from .exceptions import FailJob, InvalidJobError, JobCancelled, PgQueueError, RetryJob
+from .registry import job
+
+if TYPE_CHECKING:
+    from .models import Job, JobStatus
+
+__all__ = [
+    "Backoff",
+    "FailJob",
+    "InvalidJobError",
+    "Job",
+    "JobCancelled",
+    "JobSpec",
+    "JobStatus",
+    "PgQueueError",
+    "RetryJob",
+    "enqueue",
+    "enqueue_many",
+    "exceptions",
+    "job",
+]
+
+__version__ = "0.1.0.dev0"
+
+_LAZY = {
+    "Job": ("models", "Job"),
+    "JobStatus": ("models", "JobStatus"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    # Models can only be imported once the app registry is ready; importing them lazily
+    # keeps ``import django_pgqueue`` (and ``@job`` in an app's jobs.py) safe at any time.
+    if name in _LAZY:
+        module_name, attribute = _LAZY[name]
+        from importlib import import_module
+
+        return getattr(import_module(f".{module_name}", __name__), attribute)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

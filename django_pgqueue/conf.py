@@ -1,0 +1,136 @@
+"""The one place that reads the ``PGQUEUE`` setting: defaults, validation, caching."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+from datetime import timedelta
+from functools import cache
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from .exceptions import SettingsError
+
+#: Priorities accepted by ``enqueue``: higher runs first.
+PRIORITY_MIN = 0
+PRIORITY_MAX = 1000
+JOB_TYPE_MAX_LENGTH = 200
+QUEUE_MAX_LENGTH = 100
+STAGE_MAX_LENGTH = 200
+MAX_ATTEMPTS_LIMIT = 1000
+
+_CHANNEL_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+@dataclass(frozen=True)
+class PgQueueSettings:
+    """Validated settings; durations are in seconds."""
+
+    DATABASE: str = "default"
+    DEFAULT_QUEUE: str = "default"
+    DEFAULT_PRIORITY: int = 100
+    DEFAULT_MAX_ATTEMPTS: int = 3
+    MAX_PAYLOAD_BYTES: int = 65536
+    VALIDATE_JOB_TYPES: bool = True
+    NOTIFY: bool = True
+    NOTIFY_CHANNEL: str = "pgqueue_jobs"
+    POLL_INTERVAL: float = 1.0
+    HEARTBEAT_INTERVAL: float = 10.0
+    STALE_AFTER: float = 60.0
+    RECOVER_INTERVAL: float = 30.0
+    SHUTDOWN_GRACE: float = 30.0
+    RETRY_BACKOFF_BASE: float = 5.0
+    RETRY_BACKOFF_MAX: float = 3600.0
+
+
+_DURATIONS = {
+    "POLL_INTERVAL",
+    "HEARTBEAT_INTERVAL",
+    "STALE_AFTER",
+    "RECOVER_INTERVAL",
+    "SHUTDOWN_GRACE",
+    "RETRY_BACKOFF_BASE",
+    "RETRY_BACKOFF_MAX",
+}
+
+
+def to_seconds(name: str, value: Any, *, allow_zero: bool = True) -> float:
+    """Return ``value`` (seconds as a number, or a ``timedelta``) as float seconds."""
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise SettingsError(
+            f"{name} must be a number of seconds or a timedelta, got {value!r}"
+        )
+    if seconds < 0 or (seconds == 0 and not allow_zero) or seconds != seconds:
+        raise SettingsError(f"{name} must be a positive duration, got {value!r}")
+    return seconds
+
+
+def _validate(raw: dict[str, Any]) -> PgQueueSettings:
+    known = {f.name: f for f in fields(PgQueueSettings)}
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise SettingsError(
+            f"PGQUEUE has unknown keys {unknown}; valid keys are {sorted(known)}"
+        )
+    values: dict[str, Any] = {}
+    for name, value in raw.items():
+        key = f"PGQUEUE[{name!r}]"
+        if name in _DURATIONS:
+            values[name] = to_seconds(key, value, allow_zero=name != "POLL_INTERVAL")
+        elif known[name].type in ("bool",):
+            if not isinstance(value, bool):
+                raise SettingsError(f"{key} must be True or False, got {value!r}")
+            values[name] = value
+        elif known[name].type in ("int",):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise SettingsError(f"{key} must be an integer, got {value!r}")
+            values[name] = value
+        else:
+            if not isinstance(value, str) or not value:
+                raise SettingsError(f"{key} must be a non-empty string, got {value!r}")
+            values[name] = value
+    result = PgQueueSettings(**values)
+    if not PRIORITY_MIN <= result.DEFAULT_PRIORITY <= PRIORITY_MAX:
+        raise SettingsError(
+            f"PGQUEUE['DEFAULT_PRIORITY'] must be between {PRIORITY_MIN} and {PRIORITY_MAX}"
+        )
+    if not 1 <= result.DEFAULT_MAX_ATTEMPTS <= MAX_ATTEMPTS_LIMIT:
+        raise SettingsError(
+            f"PGQUEUE['DEFAULT_MAX_ATTEMPTS'] must be between 1 and {MAX_ATTEMPTS_LIMIT}"
+        )
+    if result.MAX_PAYLOAD_BYTES < 2:
+        raise SettingsError("PGQUEUE['MAX_PAYLOAD_BYTES'] must be at least 2 (the size of {})")
+    if not _CHANNEL_RE.match(result.NOTIFY_CHANNEL):
+        raise SettingsError(
+            "PGQUEUE['NOTIFY_CHANNEL'] must be a lower-case SQL identifier "
+            f"(letters, digits, underscores), got {result.NOTIFY_CHANNEL!r}"
+        )
+    if result.HEARTBEAT_INTERVAL >= result.STALE_AFTER:
+        raise SettingsError(
+            "PGQUEUE['HEARTBEAT_INTERVAL'] must be shorter than PGQUEUE['STALE_AFTER'] "
+            f"({result.HEARTBEAT_INTERVAL:g}s >= {result.STALE_AFTER:g}s): otherwise healthy "
+            "jobs would be recovered as stale"
+        )
+    return result
+
+
+@cache
+def get_settings() -> PgQueueSettings:
+    """Return the validated ``PGQUEUE`` setting (cached until settings change)."""
+    raw = getattr(django_settings, "PGQUEUE", None) or {}
+    if not isinstance(raw, dict):
+        raise SettingsError(f"PGQUEUE must be a dict, got {type(raw).__name__}")
+    return _validate(raw)
+
+
+@receiver(setting_changed)
+def _reset_cache(*, setting: str, **kwargs: Any) -> None:
+    if setting == "PGQUEUE":
+        get_settings.cache_clear()

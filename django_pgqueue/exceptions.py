@@ -1,0 +1,60 @@
+"""Exceptions raised by django-pgqueue, and the ones handlers raise to steer retries."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+
+class PgQueueError(Exception):
+    """Base class of every error django-pgqueue raises."""
+
+
+class InvalidJobError(PgQueueError, ValueError):
+    """A job was rejected before anything was written.
+
+    ``field`` names the offending argument (``"data"``, ``"priority"``, ...).
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+class JobRegistrationError(PgQueueError):
+    """A handler could not be registered (for example, a job type registered twice)."""
+
+
+class UnknownJobTypeError(PgQueueError, LookupError):
+    """No handler is registered for a job type."""
+
+
+class SettingsError(PgQueueError):
+    """The ``PGQUEUE`` setting is malformed."""
+
+
+class FailJob(PgQueueError):  # noqa: N818 - reads as an instruction in handler code
+    """Raise from a handler to fail the job at once, without further retries."""
+
+
+class RetryJob(PgQueueError):  # noqa: N818 - reads as an instruction in handler code
+    """Raise from a handler to run the job again after ``delay``.
+
+    The attempt counts towards ``max_attempts``: a job that keeps asking to be retried
+    still ends ``failed`` once its attempts are spent.
+    """
+
+    def __init__(self, message: str = "", *, delay: float | timedelta = 0) -> None:
+        seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+        if seconds < 0:
+            raise ValueError(f"RetryJob delay must not be negative, got {seconds!r} seconds")
+        self.delay_seconds = seconds
+        super().__init__(message or f"retry requested in {seconds:g}s")
+
+
+class JobCancelled(PgQueueError):  # noqa: N818 - mirrors asyncio.CancelledError
+    """Raised inside a handler (by ``job.raise_if_cancel_requested()``) once cancellation
+    was requested; the job then ends ``cancelled``."""
+
+
+class JobTimeout(PgQueueError):  # noqa: N818 - mirrors TimeoutError
+    """Raised inside a handler that ran past its ``timeout``."""

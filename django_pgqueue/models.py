@@ -1,0 +1,212 @@
+"""The ``Job`` model: one row of ``pgqueue_jobs``, and the state transitions on it."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, ClassVar
+
+from django.contrib.postgres.functions import RandomUUID
+from django.contrib.postgres.indexes import GinIndex
+from django.db import models
+from django.db.models import Q, Value
+from django.db.models.functions import Now
+from django.utils.translation import gettext_lazy as _
+
+from . import conf
+from .exceptions import InvalidJobError, JobCancelled
+
+
+class JobStatus(models.TextChoices):
+    PENDING = "pending", _("Pending")
+    CLAIMED = "claimed", _("Claimed")
+    RUNNING = "running", _("Running")
+    COMPLETED = "completed", _("Completed")
+    FAILED = "failed", _("Failed")
+    CANCELLED = "cancelled", _("Cancelled")
+
+
+#: States a worker holds a job in.
+IN_FLIGHT = (JobStatus.CLAIMED, JobStatus.RUNNING)
+#: States a job never leaves on its own.
+FINISHED = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+class JobQuerySet(models.QuerySet["Job"]):
+    """State transitions that apply to many jobs at once; each returns the rows changed."""
+
+    def cancel(self) -> int:
+        """Cancel pending jobs at once and ask workers to stop claimed or running ones.
+
+        Returns how many jobs were cancelled or had cancellation requested.
+        """
+        cancelled = self.filter(status=JobStatus.PENDING).update(
+            status=JobStatus.CANCELLED, completed_at=Now()
+        )
+        requested = self.filter(status__in=IN_FLIGHT, cancel_requested_at__isnull=True).update(
+            cancel_requested_at=Now()
+        )
+        return cancelled + requested
+
+    def retry(self) -> int:
+        """Put failed or cancelled jobs back to pending, due now, with attempts reset."""
+        return self.filter(status__in=(JobStatus.FAILED, JobStatus.CANCELLED)).update(
+            status=JobStatus.PENDING,
+            attempts=0,
+            run_at=Now(),
+            worker_id=None,
+            claimed_at=None,
+            started_at=None,
+            heartbeat_at=None,
+            completed_at=None,
+            cancel_requested_at=None,
+            progress=0,
+        )
+
+    def run_now(self) -> int:
+        """Make delayed pending jobs due immediately."""
+        return self.filter(status=JobStatus.PENDING, run_at__gt=Now()).update(run_at=Now())
+
+
+class Job(models.Model):
+    """A unit of background work.
+
+    Create jobs with :func:`django_pgqueue.enqueue`, not ``Job.objects.create``: enqueue
+    validates the payload and wakes idle workers.
+    """
+
+    id = models.UUIDField(primary_key=True, db_default=RandomUUID(), editable=False)
+    job_type = models.CharField(max_length=conf.JOB_TYPE_MAX_LENGTH)
+    queue = models.CharField(max_length=conf.QUEUE_MAX_LENGTH, db_default="default")
+    priority = models.IntegerField(db_default=100)
+    status = models.CharField(
+        max_length=16, choices=JobStatus.choices, db_default=JobStatus.PENDING.value
+    )
+    data = models.JSONField(default=dict, db_default=Value({}, models.JSONField()))
+    result = models.JSONField(null=True, blank=True)
+    progress = models.SmallIntegerField(db_default=0)
+    current_stage = models.CharField(
+        max_length=conf.STAGE_MAX_LENGTH, blank=True, db_default=""
+    )
+    events_count = models.IntegerField(db_default=0)
+    worker_id = models.CharField(max_length=255, null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    run_at = models.DateTimeField(db_default=Now())
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.IntegerField(db_default=0)
+    max_attempts = models.IntegerField(db_default=3)
+    last_error = models.TextField(blank=True, db_default="")
+    last_traceback = models.TextField(blank=True, db_default="")
+
+    objects: ClassVar[JobQuerySet] = JobQuerySet.as_manager()  # type: ignore[assignment]
+
+    class Meta:
+        db_table = "pgqueue_jobs"
+        ordering = ("-created_at",)
+        verbose_name = _("job")
+        verbose_name_plural = _("jobs")
+        indexes = [
+            # The claim walks this index in claim order and filters on the trailing
+            # columns inside the index, so only due, matching rows are fetched and locked.
+            models.Index(
+                fields=["-priority", "created_at", "run_at", "queue", "job_type"],
+                name="idx_jobs_claimable",
+                condition=Q(status="pending"),
+            ),
+            models.Index(
+                fields=["worker_id", "heartbeat_at"],
+                name="idx_jobs_worker",
+                condition=Q(status__in=["claimed", "running"]),
+            ),
+            GinIndex(fields=["data"], name="idx_jobs_data", opclasses=["jsonb_path_ops"]),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=JobStatus.values), name="pgqueue_jobs_status_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(progress__gte=0, progress__lte=100),
+                name="pgqueue_jobs_progress_percent",
+            ),
+            models.CheckConstraint(
+                condition=Q(priority__gte=conf.PRIORITY_MIN, priority__lte=conf.PRIORITY_MAX),
+                name="pgqueue_jobs_priority_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(max_attempts__gte=1), name="pgqueue_jobs_max_attempts_positive"
+            ),
+            models.CheckConstraint(
+                condition=Q(attempts__gte=0), name="pgqueue_jobs_attempts_not_negative"
+            ),
+        ]
+
+    # Set by the worker while it runs the job; see ``is_cancel_requested``.
+    _cancel_event: threading.Event | None = None
+
+    def __str__(self) -> str:
+        return f"{self.job_type} [{self.status}] {self.id}"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in FINISHED
+
+    def set_progress(self, percent: int, stage: str | None = None) -> None:
+        """Record progress (0-100) and optionally the current stage, visible at once.
+
+        The write is committed immediately, outside any transaction the handler is in,
+        so the admin shows it while the job is still running.
+        """
+        from .progress import write_progress
+
+        if not isinstance(percent, int) or isinstance(percent, bool) or not 0 <= percent <= 100:
+            raise InvalidJobError("percent", f"must be an integer from 0 to 100, got {percent!r}")
+        if stage is not None and (
+            not isinstance(stage, str) or len(stage) > conf.STAGE_MAX_LENGTH or "\x00" in stage
+        ):
+            raise InvalidJobError(
+                "stage", f"must be a string of at most {conf.STAGE_MAX_LENGTH} characters"
+            )
+        write_progress(self, percent, stage)
+        self.progress = percent
+        if stage is not None:
+            self.current_stage = stage
+        self.events_count += 1
+
+    def is_cancel_requested(self) -> bool:
+        """Tell whether someone asked to cancel this job while it runs.
+
+        Inside a worker this is a cheap in-memory check kept fresh by the worker's
+        heartbeat; elsewhere it reads the database.
+        """
+        if self._cancel_event is not None:
+            return self._cancel_event.is_set()
+        return Job.objects.filter(pk=self.pk, cancel_requested_at__isnull=False).exists()
+
+    def raise_if_cancel_requested(self) -> None:
+        """Raise :class:`~django_pgqueue.exceptions.JobCancelled` if cancellation was asked."""
+        if self.is_cancel_requested():
+            raise JobCancelled(f"job {self.id} was cancelled")
+
+    def cancel(self) -> bool:
+        """Cancel this job (see :meth:`JobQuerySet.cancel`); True if anything changed."""
+        return Job.objects.filter(pk=self.pk).cancel() > 0
+
+    def retry(self) -> bool:
+        """Put this failed or cancelled job back to pending; True if it was eligible."""
+        return Job.objects.filter(pk=self.pk).retry() > 0
+
+    @classmethod
+    def from_row(cls, columns: list[str], row: tuple[Any, ...], using: str) -> Job:
+        """Build a ``Job`` from a raw ``pgqueue_jobs`` row, decoding JSON columns."""
+        by_name = dict(zip(columns, row, strict=True))
+        for name in ("data", "result"):
+            if isinstance(by_name.get(name), str):
+                by_name[name] = _json_field.from_db_value(by_name[name], None, None)
+        attnames = [f.attname for f in cls._meta.concrete_fields]
+        return cls.from_db(using, attnames, [by_name[name] for name in attnames])
+
+
+_json_field = models.JSONField()

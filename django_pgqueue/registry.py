@@ -1,0 +1,209 @@
+"""The ``@job`` decorator and the registry mapping job types to handlers."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, overload
+
+from . import validation
+from .backoff import Backoff
+from .exceptions import JobRegistrationError, UnknownJobTypeError
+
+if TYPE_CHECKING:
+    from .models import Job
+
+Handler = Callable[["Job"], Any]
+RetryBackoff = Backoff | Callable[[int], float]
+
+
+class JobDefinition:
+    """A registered handler with its defaults. Calling it calls the handler."""
+
+    def __init__(
+        self,
+        func: Handler,
+        *,
+        job_type: str,
+        queue: str | None,
+        priority: int | None,
+        max_attempts: int | None,
+        timeout: float | None,
+        retry_backoff: RetryBackoff | None,
+        atomic: bool,
+    ) -> None:
+        self.func = func
+        self.job_type = job_type
+        self.queue = queue
+        self.priority = priority
+        self.max_attempts = max_attempts
+        self.timeout = timeout
+        self.retry_backoff = retry_backoff
+        self.atomic = atomic
+        functools.update_wrapper(self, func)
+
+    def __call__(self, job: Job) -> Any:
+        return self.func(job)
+
+    def __repr__(self) -> str:
+        return f"<JobDefinition {self.job_type!r} -> {self.func.__module__}.{self.func.__qualname__}>"
+
+    def enqueue(
+        self,
+        data: dict[str, Any] | None = None,
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        run_at: datetime | None = None,
+        delay: float | timedelta | None = None,
+        max_attempts: int | None = None,
+        using: str | None = None,
+    ) -> Job:
+        """Enqueue a job of this type; see :func:`django_pgqueue.enqueue`."""
+        from .enqueue import enqueue
+
+        return enqueue(
+            self.job_type,
+            data,
+            queue=queue,
+            priority=priority,
+            run_at=run_at,
+            delay=delay,
+            max_attempts=max_attempts,
+            using=using,
+        )
+
+    def retry_delay(self, attempt: int) -> float:
+        """Seconds to wait before retrying after failed attempt ``attempt``."""
+        from .backoff import default_backoff
+
+        backoff = self.retry_backoff or default_backoff()
+        if isinstance(backoff, Backoff):
+            return backoff.delay(attempt)
+        return float(backoff(attempt))
+
+
+_registry: dict[str, JobDefinition] = {}
+_lock = threading.Lock()
+
+
+def register(definition: JobDefinition) -> JobDefinition:
+    """Add ``definition``; re-registering the same function (a module reload) is allowed."""
+    with _lock:
+        existing = _registry.get(definition.job_type)
+        if existing is not None and _qualified(existing.func) != _qualified(definition.func):
+            raise JobRegistrationError(
+                f"job type {definition.job_type!r} is already registered to "
+                f"{_qualified(existing.func)}; cannot also register {_qualified(definition.func)}. "
+                "Pass a distinct name: @job('another.name')"
+            )
+        _registry[definition.job_type] = definition
+    return definition
+
+
+def unregister(job_type: str) -> None:
+    """Remove a job type (for tests)."""
+    with _lock:
+        _registry.pop(job_type, None)
+
+
+def get_definition(job_type: str) -> JobDefinition:
+    """Return the handler registered for ``job_type`` or raise ``UnknownJobTypeError``."""
+    try:
+        return _registry[job_type]
+    except KeyError:
+        known = ", ".join(sorted(_registry)) or "none"
+        raise UnknownJobTypeError(
+            f"no handler is registered for job type {job_type!r} (registered: {known}). "
+            "Define it with @django_pgqueue.job in an installed app's jobs.py"
+        ) from None
+
+
+def find_definition(job_type: str) -> JobDefinition | None:
+    return _registry.get(job_type)
+
+
+def registered_job_types() -> list[str]:
+    return sorted(_registry)
+
+
+def _qualified(func: Callable[..., Any]) -> str:
+    return f"{func.__module__}.{func.__qualname__}"
+
+
+@overload
+def job(job_type: Handler, /) -> JobDefinition: ...
+
+
+@overload
+def job(
+    job_type: str | None = None,
+    /,
+    *,
+    queue: str | None = None,
+    priority: int | None = None,
+    max_attempts: int | None = None,
+    timeout: float | timedelta | None = None,
+    retry_backoff: RetryBackoff | None = None,
+    atomic: bool = True,
+) -> Callable[[Handler], JobDefinition]: ...
+
+
+def job(
+    job_type: str | Handler | None = None,
+    /,
+    *,
+    queue: str | None = None,
+    priority: int | None = None,
+    max_attempts: int | None = None,
+    timeout: float | timedelta | None = None,
+    retry_backoff: RetryBackoff | None = None,
+    atomic: bool = True,
+) -> JobDefinition | Callable[[Handler], JobDefinition]:
+    """Register a handler ``handler(job: Job)``; usable as ``@job`` or ``@job("name", ...)``.
+
+    ``job_type`` defaults to ``"<module>.<function name>"``. ``queue``, ``priority`` and
+    ``max_attempts`` become the defaults of ``enqueue`` for this type. ``timeout`` bounds
+    one run; ``retry_backoff`` is a :class:`Backoff` or ``callable(attempt) -> seconds``.
+    With ``atomic=True`` (the default) the handler runs inside ``transaction.atomic``, so
+    a failed attempt leaves none of its writes behind.
+    """
+    if callable(job_type):
+        return job()(job_type)
+    if job_type is not None:
+        validation.job_type(job_type)
+    if queue is not None:
+        validation.queue(queue)
+    if priority is not None:
+        validation.priority(priority)
+    if max_attempts is not None:
+        validation.max_attempts(max_attempts)
+    timeout_seconds = (
+        None if timeout is None else validation.seconds(timeout, "timeout", allow_zero=False)
+    )
+    if retry_backoff is not None and not callable(retry_backoff) and not isinstance(
+        retry_backoff, Backoff
+    ):
+        raise JobRegistrationError("retry_backoff must be a Backoff or a callable(attempt)")
+
+    def decorate(func: Handler) -> JobDefinition:
+        if not callable(func):
+            raise JobRegistrationError(f"@job must decorate a function, got {func!r}")
+        name = job_type or f"{func.__module__}.{func.__qualname__}"
+        validation.job_type(name)
+        return register(
+            JobDefinition(
+                func,
+                job_type=name,
+                queue=queue,
+                priority=priority,
+                max_attempts=max_attempts,
+                timeout=timeout_seconds,
+                retry_backoff=retry_backoff,
+                atomic=atomic,
+            )
+        )
+
+    return decorate

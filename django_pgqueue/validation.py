@@ -1,0 +1,120 @@
+"""Checks shared by ``enqueue``, ``enqueue_many`` and ``@job``: each raises
+:class:`~django_pgqueue.exceptions.InvalidJobError` naming the field."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from datetime import datetime, timedelta
+from typing import Any
+
+from . import conf
+from .exceptions import InvalidJobError
+
+_JOB_TYPE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/\-]*$")
+_QUEUE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]*$")
+# An escaped NUL in JSON text: "\u0000" preceded by an even number of backslashes.
+_JSON_NUL_RE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def _name(field: str, value: Any, pattern: re.Pattern[str], max_length: int, what: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidJobError(field, f"must be a string, got {type(value).__name__}")
+    if not value:
+        raise InvalidJobError(field, "must not be empty")
+    if len(value) > max_length:
+        raise InvalidJobError(
+            field, f"must be at most {max_length} characters, got {len(value)}"
+        )
+    if not pattern.match(value):
+        raise InvalidJobError(field, f"{value!r} is not a valid {what}; use {pattern.pattern}")
+    return value
+
+
+def job_type(value: Any, field: str = "job_type") -> str:
+    """A job type: letters, digits and ``_ . : / -``, e.g. ``"emails.send_welcome"``."""
+    return _name(field, value, _JOB_TYPE_RE, conf.JOB_TYPE_MAX_LENGTH, "job type")
+
+
+def queue(value: Any, field: str = "queue") -> str:
+    """A queue name: letters, digits and ``_ . : -``, e.g. ``"emails"``."""
+    return _name(field, value, _QUEUE_RE, conf.QUEUE_MAX_LENGTH, "queue name")
+
+
+def priority(value: Any, field: str = "priority") -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidJobError(field, f"must be an integer, got {value!r}")
+    if not conf.PRIORITY_MIN <= value <= conf.PRIORITY_MAX:
+        raise InvalidJobError(
+            field,
+            f"must be between {conf.PRIORITY_MIN} and {conf.PRIORITY_MAX} "
+            f"(higher runs first), got {value}",
+        )
+    return value
+
+
+def max_attempts(value: Any, field: str = "max_attempts") -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidJobError(field, f"must be an integer, got {value!r}")
+    if not 1 <= value <= conf.MAX_ATTEMPTS_LIMIT:
+        raise InvalidJobError(
+            field, f"must be between 1 and {conf.MAX_ATTEMPTS_LIMIT}, got {value}"
+        )
+    return value
+
+
+def seconds(value: Any, field: str, *, allow_zero: bool = True) -> float:
+    """A non-negative duration given as seconds or a ``timedelta``."""
+    if isinstance(value, timedelta):
+        result = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        result = float(value)
+    else:
+        raise InvalidJobError(
+            field, f"must be a timedelta or a number of seconds, got {type(value).__name__}"
+        )
+    if not math.isfinite(result) or result < 0 or (result == 0 and not allow_zero):
+        raise InvalidJobError(field, f"must be a positive duration, got {value!r}")
+    return result
+
+
+def aware_datetime(value: Any, field: str) -> datetime:
+    if not isinstance(value, datetime):
+        raise InvalidJobError(field, f"must be a datetime, got {type(value).__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidJobError(
+            field,
+            "must be timezone-aware (a naive datetime is ambiguous); "
+            "use django.utils.timezone.now() + timedelta(...) or datetime(..., tzinfo=UTC)",
+        )
+    return value
+
+
+def payload(value: Any, field: str = "data") -> str:
+    """Serialise ``value`` (a dict) to compact JSON within ``MAX_PAYLOAD_BYTES``."""
+    if value is None:
+        return "{}"
+    if not isinstance(value, dict):
+        raise InvalidJobError(
+            field, f"must be a dict (a JSON object), got {type(value).__name__}"
+        )
+    try:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidJobError(
+            field,
+            f"must be JSON-serialisable ({exc}); pass ids and plain values, "
+            "not model instances or files",
+        ) from None
+    if _JSON_NUL_RE.search(text):
+        raise InvalidJobError(field, "must not contain NUL characters (PostgreSQL rejects them)")
+    limit = conf.get_settings().MAX_PAYLOAD_BYTES
+    size = len(text.encode())
+    if size > limit:
+        raise InvalidJobError(
+            field,
+            f"is {size} bytes of JSON, over the limit of {limit} "
+            "(PGQUEUE['MAX_PAYLOAD_BYTES']); store large content elsewhere and pass a reference",
+        )
+    return text

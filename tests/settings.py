@@ -1,0 +1,74 @@
+"""Settings for the test suite: a real PostgreSQL from ``DATABASE_URL``."""
+
+import environ
+
+env = environ.Env()
+
+if "DATABASE_URL" not in env:
+    raise SystemExit(
+        "DATABASE_URL is not set. Run the tests with `make test` (it starts a throwaway "
+        "PostgreSQL), or point DATABASE_URL at a PostgreSQL 13+ server you can create "
+        "databases on."
+    )
+
+SECRET_KEY = "tests-only-not-secret"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ALLOWED_HOSTS = ["*"]
+
+DATABASES = {"default": env.db_url("DATABASE_URL")}
+DATABASES["default"]["TEST"] = {"NAME": env.str("PGQUEUE_TEST_DB_NAME", "test_pgqueue")}
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django_pgqueue",
+    "tests.testapp",
+]
+
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+ROOT_URLCONF = "tests.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+PGQUEUE = {
+    # Fast retries, heartbeats and recovery keep worker tests short.
+    "RETRY_BACKOFF_BASE": 0.05,
+    "RETRY_BACKOFF_MAX": 0.2,
+    "POLL_INTERVAL": 0.5,
+    "HEARTBEAT_INTERVAL": 0.5,
+    "STALE_AFTER": 3,
+    "RECOVER_INTERVAL": 1,
+    "SHUTDOWN_GRACE": 5,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_pgqueue": {"handlers": ["console"], "level": "INFO"}},
+}

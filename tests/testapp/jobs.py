@@ -1,0 +1,66 @@
+"""Handlers the test suite enqueues; discovered through autodiscovery of ``jobs`` modules."""
+
+import time
+
+from django.utils import timezone
+
+from django_pgqueue import Backoff, FailJob, RetryJob, job
+
+from .models import Execution
+
+NO_BACKOFF = Backoff(base=0.05, max=0.1, jitter=False)
+
+
+@job("tests.noop")
+def noop(job):
+    return None
+
+
+@job("tests.record", priority=150)
+def record(job):
+    """Record the execution, then sleep ``data['sleep']`` seconds."""
+    started = timezone.now()
+    time.sleep(job.data.get("sleep", 0))
+    Execution.objects.create(
+        job_id=job.id,
+        worker_id=job.worker_id,
+        attempt=job.attempts,
+        started_at=started,
+        finished_at=timezone.now(),
+    )
+
+
+@job("tests.fail", max_attempts=3, retry_backoff=NO_BACKOFF)
+def always_fail(job):
+    raise RuntimeError(f"boom on attempt {job.attempts}")
+
+
+@job("tests.fail_now", retry_backoff=NO_BACKOFF)
+def fail_now(job):
+    raise FailJob("the input is unusable")
+
+
+@job("tests.retry_later", max_attempts=5)
+def retry_later(job):
+    if job.attempts < 2:
+        raise RetryJob("not ready yet", delay=job.data.get("delay", 0.3))
+
+
+@job("tests.progress")
+def progress(job):
+    for step in range(1, 5):
+        job.set_progress(step * 25, f"step {step}")
+        time.sleep(job.data.get("sleep", 0))
+
+
+@job("tests.sleep", timeout=1, max_attempts=1)
+def sleeper(job):
+    time.sleep(job.data.get("sleep", 5))
+
+
+@job("tests.cancellable")
+def cancellable(job):
+    deadline = time.monotonic() + job.data.get("max_seconds", 10)
+    while time.monotonic() < deadline:
+        job.raise_if_cancel_requested()
+        time.sleep(0.05)
