@@ -64,9 +64,7 @@ def to_seconds(name: str, value: Any, *, allow_zero: bool = True) -> float:
     elif isinstance(value, int | float) and not isinstance(value, bool):
         seconds = float(value)
     else:
-        raise SettingsError(
-            f"{name} must be a number of seconds or a timedelta, got {value!r}"
-        )
+        raise SettingsError(f"{name} must be a number of seconds or a timedelta, got {value!r}")
     if seconds < 0 or (seconds == 0 and not allow_zero) or seconds != seconds:
         raise SettingsError(f"{name} must be a positive duration, got {value!r}")
     return seconds
@@ -76,9 +74,7 @@ def _validate(raw: dict[str, Any]) -> PgQueueSettings:
     known = {f.name: f for f in fields(PgQueueSettings)}
     unknown = sorted(set(raw) - set(known))
     if unknown:
-        raise SettingsError(
-            f"PGQUEUE has unknown keys {unknown}; valid keys are {sorted(known)}"
-        )
+        raise SettingsError(f"PGQUEUE has unknown keys {unknown}; valid keys are {sorted(known)}")
     values: dict[str, Any] = {}
     for name, value in raw.items():
         key = f"PGQUEUE[{name!r}]"

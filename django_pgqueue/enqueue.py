@@ -105,8 +105,10 @@ def _prepare(
     if queue is None:
         queue = (definition and definition.queue) or settings.DEFAULT_QUEUE
     if priority is None:
-        priority = definition.priority if definition and definition.priority is not None else (
-            settings.DEFAULT_PRIORITY
+        priority = (
+            definition.priority
+            if definition and definition.priority is not None
+            else (settings.DEFAULT_PRIORITY)
         )
     if max_attempts is None:
         max_attempts = (definition and definition.max_attempts) or settings.DEFAULT_MAX_ATTEMPTS

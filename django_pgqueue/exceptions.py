@@ -32,11 +32,11 @@ class SettingsError(PgQueueError):
     """The ``PGQUEUE`` setting is malformed."""
 
 
-class FailJob(PgQueueError):  # noqa: N818 - reads as an instruction in handler code
+class FailJob(PgQueueError):
     """Raise from a handler to fail the job at once, without further retries."""
 
 
-class RetryJob(PgQueueError):  # noqa: N818 - reads as an instruction in handler code
+class RetryJob(PgQueueError):
     """Raise from a handler to run the job again after ``delay``.
 
     The attempt counts towards ``max_attempts``: a job that keeps asking to be retried
@@ -51,10 +51,10 @@ class RetryJob(PgQueueError):  # noqa: N818 - reads as an instruction in handler
         super().__init__(message or f"retry requested in {seconds:g}s")
 
 
-class JobCancelled(PgQueueError):  # noqa: N818 - mirrors asyncio.CancelledError
+class JobCancelled(PgQueueError):
     """Raised inside a handler (by ``job.raise_if_cancel_requested()``) once cancellation
     was requested; the job then ends ``cancelled``."""
 
 
-class JobTimeout(PgQueueError):  # noqa: N818 - mirrors TimeoutError
+class JobTimeout(PgQueueError):
     """Raised inside a handler that ran past its ``timeout``."""

@@ -84,11 +84,10 @@ class Job(models.Model):
     data = models.JSONField(default=dict, db_default=Value({}, models.JSONField()))
     result = models.JSONField(null=True, blank=True)
     progress = models.SmallIntegerField(db_default=0)
-    current_stage = models.CharField(
-        max_length=conf.STAGE_MAX_LENGTH, blank=True, db_default=""
-    )
+    current_stage = models.CharField(max_length=conf.STAGE_MAX_LENGTH, blank=True, db_default="")
     events_count = models.IntegerField(db_default=0)
-    worker_id = models.CharField(max_length=255, null=True, blank=True)
+    # NULL, not "", means "no worker": SQL written against the pattern tests IS NULL.
+    worker_id = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     created_at = models.DateTimeField(db_default=Now())
     run_at = models.DateTimeField(db_default=Now())
     claimed_at = models.DateTimeField(null=True, blank=True)

@@ -48,7 +48,7 @@ class JobDefinition:
         return self.func(job)
 
     def __repr__(self) -> str:
-        return f"<JobDefinition {self.job_type!r} -> {self.func.__module__}.{self.func.__qualname__}>"
+        return f"<JobDefinition {self.job_type!r} -> {_qualified(self.func)}>"
 
     def enqueue(
         self,
@@ -183,8 +183,10 @@ def job(
     timeout_seconds = (
         None if timeout is None else validation.seconds(timeout, "timeout", allow_zero=False)
     )
-    if retry_backoff is not None and not callable(retry_backoff) and not isinstance(
-        retry_backoff, Backoff
+    if (
+        retry_backoff is not None
+        and not callable(retry_backoff)
+        and not isinstance(retry_backoff, Backoff)
     ):
         raise JobRegistrationError("retry_backoff must be a Backoff or a callable(attempt)")
 

@@ -24,9 +24,7 @@ def _name(field: str, value: Any, pattern: re.Pattern[str], max_length: int, wha
     if not value:
         raise InvalidJobError(field, "must not be empty")
     if len(value) > max_length:
-        raise InvalidJobError(
-            field, f"must be at most {max_length} characters, got {len(value)}"
-        )
+        raise InvalidJobError(field, f"must be at most {max_length} characters, got {len(value)}")
     if not pattern.match(value):
         raise InvalidJobError(field, f"{value!r} is not a valid {what}; use {pattern.pattern}")
     return value
@@ -96,9 +94,7 @@ def payload(value: Any, field: str = "data") -> str:
     if value is None:
         return "{}"
     if not isinstance(value, dict):
-        raise InvalidJobError(
-            field, f"must be a dict (a JSON object), got {type(value).__name__}"
-        )
+        raise InvalidJobError(field, f"must be a dict (a JSON object), got {type(value).__name__}")
     try:
         text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:

@@ -87,8 +87,18 @@ def system_server() -> Iterator[str]:
         f"-c {setting}" for setting in TEST_TUNING
     )
     subprocess.run(
-        [*as_user, f"{bindir}/pg_ctl", "-D", data, "-l", f"{base}/log", "-w", "-o", options,
-         "start"],
+        [
+            *as_user,
+            f"{bindir}/pg_ctl",
+            "-D",
+            data,
+            "-l",
+            f"{base}/log",
+            "-w",
+            "-o",
+            options,
+            "start",
+        ],
         check=True,
         stdout=subprocess.DEVNULL,
     )
