@@ -1,0 +1,166 @@
+"""Running one job's handler and turning what happened into an ``Outcome``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import traceback
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections, transaction
+
+from .. import registry
+from ..backoff import default_backoff
+from ..exceptions import FailJob, JobCancelled, JobTimeout, RetryJob, UnknownJobTypeError
+
+if TYPE_CHECKING:
+    from ..models import Job
+    from ..registry import JobDefinition
+
+logger = logging.getLogger("django_pgqueue.worker")
+
+
+@dataclass
+class Outcome:
+    """What to write for a job once its run is over; ``status`` is the new status."""
+
+    job_id: uuid.UUID
+    status: str
+    delay: float = 0.0
+    refund: int = 0
+    error: str | None = None
+    traceback: str | None = None
+    result: str | None = None
+
+
+@dataclass(eq=False)
+class RunningJob:
+    """A job held by this worker, shared between the main loop and the slot running it."""
+
+    job: Job
+    definition: JobDefinition | None
+    deadline: float | None = None
+    cancel_event: threading.Event = field(default_factory=threading.Event)
+    thread_id: int | None = None
+    timeout_signalled_at: float | None = None
+    abandoned: bool = False
+    outcome: Outcome | None = None
+
+
+def _retry_or_fail(running: RunningJob, error: str, tb: str | None, delay: float | None) -> Outcome:
+    job = running.job
+    if job.attempts >= job.max_attempts:
+        return Outcome(job.id, "failed", error=error, traceback=tb)
+    if delay is None:
+        definition = running.definition
+        delay = (
+            definition.retry_delay(job.attempts)
+            if definition
+            else default_backoff().delay(job.attempts)
+        )
+    return Outcome(job.id, "pending", delay=delay, error=error, traceback=tb)
+
+
+def failure_outcome(running: RunningJob, exc: BaseException) -> Outcome:
+    """Decide what a handler's exception means: retry, fail now, or cancelled."""
+    job = running.job
+    error = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, JobTimeout) and running.definition and running.definition.timeout:
+        error = f"JobTimeout: ran past its timeout of {running.definition.timeout:g}s"
+    tb = "".join(traceback.format_exception(exc))
+    if isinstance(exc, JobCancelled) or running.cancel_event.is_set():
+        return Outcome(job.id, "cancelled", error=error, traceback=tb)
+    if isinstance(exc, FailJob):
+        return Outcome(job.id, "failed", error=error, traceback=tb)
+    if isinstance(exc, RetryJob):
+        return _retry_or_fail(running, error, tb, exc.delay_seconds)
+    return _retry_or_fail(running, error, tb, None)
+
+
+def timeout_outcome(running: RunningJob) -> Outcome:
+    """The outcome recorded for a job whose handler ignored its timeout."""
+    timeout = running.definition.timeout if running.definition else None
+    error = (
+        f"JobTimeout: ran past its timeout of {timeout:g}s and did not stop when "
+        "interrupted; the thread was abandoned"
+    )
+    return _retry_or_fail(running, error, None, None)
+
+
+def _result_json(value: Any) -> tuple[str | None, str | None]:
+    if value is None:
+        return None, None
+    try:
+        return json.dumps(value, allow_nan=False), None
+    except (TypeError, ValueError) as exc:
+        return None, f"the return value was not stored: it is not JSON-serialisable ({exc})"
+
+
+def execute(running: RunningJob, alias: str) -> Outcome:
+    """Run the handler of ``running`` in this thread and return its outcome."""
+    job = running.job
+    definition = running.definition
+    if definition is None:
+        exc = UnknownJobTypeError(
+            f"no handler is registered for job type {job.job_type!r} on worker "
+            f"{job.worker_id} (registered: {', '.join(registry.registered_job_types())})"
+        )
+        return failure_outcome(running, exc)
+    job._cancel_event = running.cancel_event
+    running.thread_id = threading.get_ident()
+    try:
+        if definition.atomic:
+            with transaction.atomic(using=alias):
+                value = definition(job)
+        else:
+            value = definition(job)
+    except BaseException as exc:  # a handler's failure must never kill the slot
+        if isinstance(exc, KeyboardInterrupt | SystemExit):
+            raise
+        outcome = failure_outcome(running, exc)
+        _reset_broken_connections()
+        return outcome
+    finally:
+        running.thread_id = None
+    result, note = _result_json(value)
+    return Outcome(job.id, "completed", result=result, error=note)
+
+
+def _reset_broken_connections() -> None:
+    """Close this thread's connections that a failed handler left unusable.
+
+    Unlike ``close_old_connections`` this ignores ``CONN_MAX_AGE``: a worker thread
+    keeps its connection from job to job.
+    """
+    for connection in connections.all(initialized_only=True):
+        if connection.connection is None:
+            continue
+        if connection.get_autocommit() != connection.settings_dict["AUTOCOMMIT"]:
+            connection.close()
+        elif connection.errors_occurred:
+            if connection.is_usable():
+                connection.errors_occurred = False
+            else:
+                connection.close()
+
+
+def interrupt(running: RunningJob) -> bool:
+    """Raise ``JobTimeout`` inside the thread running ``running`` (best effort).
+
+    The exception arrives at the next Python bytecode; a thread blocked in C code
+    (a socket read, ``time.sleep`` in some builds) sees it only when that call returns.
+    """
+    import ctypes
+
+    thread_id = running.thread_id
+    running.timeout_signalled_at = time.monotonic()
+    if thread_id is None:
+        return False
+    changed = ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread_id), ctypes.py_object(JobTimeout)
+    )
+    return bool(changed)

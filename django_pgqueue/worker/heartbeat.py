@@ -1,0 +1,75 @@
+"""The heartbeat thread: proves this worker is alive, relays cancellation requests, and
+periodically recovers jobs of workers that died."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from django.db import DatabaseError, connections
+
+from ..recovery import recover_stale_jobs
+from . import queries
+from .execution import RunningJob
+
+logger = logging.getLogger("django_pgqueue.worker")
+
+
+class Heartbeat(threading.Thread):
+    def __init__(
+        self,
+        *,
+        alias: str,
+        worker_id: str,
+        interval: float,
+        recover_interval: float,
+        stale_after: float,
+        held_jobs: Callable[[], list[RunningJob]],
+        stopping: threading.Event,
+    ) -> None:
+        super().__init__(name="pgqueue-heartbeat", daemon=True)
+        self._alias = alias
+        self._worker_id = worker_id
+        self._interval = interval
+        self._recover_interval = recover_interval
+        self._stale_after = stale_after
+        self._held_jobs = held_jobs
+        self._stopping = stopping
+
+    def run(self) -> None:
+        next_recovery = time.monotonic() + self._recover_interval
+        try:
+            while not self._stopping.wait(self._interval):
+                try:
+                    self.beat()
+                    if time.monotonic() >= next_recovery:
+                        next_recovery = time.monotonic() + self._recover_interval
+                        recover_stale_jobs(self._stale_after, using=self._alias)
+                except DatabaseError as exc:
+                    logger.warning("heartbeat failed (%s); retrying in %.1fs", exc, self._interval)
+                    connections[self._alias].close()
+        finally:
+            connections.close_all()
+
+    def beat(self) -> None:
+        """Refresh ``heartbeat_at`` of held jobs and deliver cancellation requests."""
+        # Snapshot before the query: a job claimed after it cannot be mistaken for lost.
+        held = {running.job.id: running for running in self._held_jobs()}
+        with connections[self._alias].cursor() as cursor:
+            cursor.execute(queries.HEARTBEAT, [self._worker_id])
+            rows = cursor.fetchall()
+        still_ours = set()
+        for job_id, cancel_requested in rows:
+            still_ours.add(job_id)
+            running = held.get(job_id)
+            if running and cancel_requested and not running.cancel_event.is_set():
+                logger.info("cancellation requested for job %s", job_id)
+                running.cancel_event.set()
+        for job_id, running in held.items():
+            if job_id not in still_ours and running.outcome is None:
+                # Recovery gave the job to someone else (our heartbeat was late): ask the
+                # handler to stop; whatever it reports will not be recorded.
+                logger.warning("job %s is no longer held by %s", job_id, self._worker_id)
+                running.cancel_event.set()

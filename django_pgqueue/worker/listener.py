@@ -1,0 +1,68 @@
+"""LISTEN for enqueue notifications and wake the worker's main loop.
+
+Runs on a dedicated connection in its own thread. When notifications cannot arrive
+(the connection fails, or a PgBouncer in transaction mode swallows them) the worker
+still polls every ``poll_interval``, so a lost notification costs latency, never a job.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+
+import psycopg
+from django.db import connections
+from psycopg import sql
+
+logger = logging.getLogger("django_pgqueue.worker")
+
+
+class NotificationListener(threading.Thread):
+    def __init__(
+        self,
+        *,
+        alias: str,
+        channel: str,
+        queues: Iterable[str] | None,
+        wake: threading.Event,
+        stopping: threading.Event,
+    ) -> None:
+        super().__init__(name="pgqueue-listener", daemon=True)
+        self._alias = alias
+        self._channel = channel
+        self._queues = frozenset(queues) if queues else None
+        self._wake = wake
+        self._stopping = stopping
+        self.listening = threading.Event()
+
+    def run(self) -> None:
+        delay = 0.5
+        while not self._stopping.is_set():
+            try:
+                self._listen()
+                delay = 0.5
+            except psycopg.Error as exc:
+                self.listening.clear()
+                logger.warning(
+                    "LISTEN connection lost (%s); polling only, retrying in %.1fs", exc, delay
+                )
+                self._stopping.wait(delay)
+                delay = min(delay * 2, 30.0)
+
+    def _listen(self) -> None:
+        wrapper = connections[self._alias]
+        conn = wrapper.get_new_connection(wrapper.get_connection_params())
+        try:
+            conn.autocommit = True
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+            self.listening.set()
+            # Wake once on (re)connect: jobs may have arrived while we were not listening.
+            self._wake.set()
+            while not self._stopping.is_set():
+                for notification in conn.notifies(timeout=0.5):
+                    if self._queues is None or notification.payload in self._queues:
+                        self._wake.set()
+        finally:
+            self.listening.clear()
+            conn.close()

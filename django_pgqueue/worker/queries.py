@@ -1,0 +1,43 @@
+"""Every statement the worker runs, in one place, each guarded by ``worker_id`` so a
+worker can only change jobs it still holds (recovery may have taken a job back)."""
+
+from __future__ import annotations
+
+CLAIM = "SELECT * FROM claim_job_batch(%s, %s, %s, %s)"
+
+MARK_RUNNING = """
+UPDATE pgqueue_jobs
+   SET status = 'running', started_at = now(), heartbeat_at = now()
+ WHERE id = ANY(%s::uuid[]) AND worker_id = %s AND status = 'claimed'
+RETURNING id, started_at, cancel_requested_at IS NOT NULL
+"""
+
+# One statement finishes a whole batch of outcomes: completions, retries, failures and
+# cancellations alike. A job retried goes back to pending with no worker; a finished
+# one keeps the worker that ran it, for the record.
+FINISH = """
+UPDATE pgqueue_jobs AS jobs
+   SET status = o.status,
+       progress = CASE WHEN o.status = 'completed' THEN 100 ELSE jobs.progress END,
+       completed_at = CASE WHEN o.status = 'pending' THEN NULL ELSE now() END,
+       run_at = CASE WHEN o.status = 'pending'
+                     THEN now() + o.delay * interval '1 second' ELSE jobs.run_at END,
+       worker_id = CASE WHEN o.status = 'pending' THEN NULL ELSE jobs.worker_id END,
+       attempts = jobs.attempts - o.refund,
+       last_error = COALESCE(o.error, jobs.last_error),
+       last_traceback = COALESCE(o.traceback, jobs.last_traceback),
+       result = o.result::jsonb
+  FROM unnest(%s::uuid[], %s::text[], %s::float8[], %s::int[], %s::text[], %s::text[],
+              %s::text[]) AS o(id, status, delay, refund, error, traceback, result)
+ WHERE jobs.id = o.id
+   AND jobs.worker_id = %s
+   AND jobs.status IN ('claimed', 'running')
+RETURNING jobs.id
+"""
+
+HEARTBEAT = """
+UPDATE pgqueue_jobs
+   SET heartbeat_at = now()
+ WHERE worker_id = %s AND status IN ('claimed', 'running')
+RETURNING id, cancel_requested_at IS NOT NULL
+"""

@@ -1,0 +1,395 @@
+"""The ``Worker``: claims due jobs into free slots, records outcomes in batches, and
+shuts down gracefully.
+
+One main thread owns claiming and finishing (on its own database connection); slot
+threads run handlers (each on its own connection, inside the job's transaction); a
+heartbeat thread keeps held jobs alive; a listener thread turns NOTIFY into wake-ups.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import secrets
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from types import FrameType
+from typing import Any
+
+from django.db import DatabaseError, InterfaceError, connections
+
+from .. import conf, registry, validation
+from ..exceptions import InvalidJobError
+from ..models import Job
+from . import queries
+from .execution import Outcome, RunningJob, interrupt, timeout_outcome
+from .heartbeat import Heartbeat
+from .listener import NotificationListener
+from .slots import SlotPool
+
+logger = logging.getLogger("django_pgqueue.worker")
+
+#: How long a handler may ignore a timeout interruption before its job is recorded as
+#: timed out and the thread abandoned.
+TIMEOUT_GRACE = 2.0
+MAX_BATCH_SIZE = 1000
+MAX_CONCURRENCY = 1000
+
+
+def default_worker_id() -> str:
+    """``host:pid:random``, unique per process start."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+class Worker:
+    """Runs jobs until stopped (``stop()``, SIGTERM, SIGINT) or, with ``burst``, until no
+    due job is left.
+
+    ``concurrency`` slots run jobs at once; at most that many jobs are held. Each claim
+    takes at most ``batch_size`` jobs (default: ``concurrency``). ``queues`` and
+    ``job_types`` restrict what is claimed (``None``: any).
+    """
+
+    def __init__(
+        self,
+        *,
+        queues: Sequence[str] | None = None,
+        job_types: Sequence[str] | None = None,
+        concurrency: int = 4,
+        batch_size: int | None = None,
+        poll_interval: float | None = None,
+        burst: bool = False,
+        worker_id: str | None = None,
+        using: str | None = None,
+        shutdown_grace: float | None = None,
+        listen: bool | None = None,
+    ) -> None:
+        settings = conf.get_settings()
+        self.queues = _names(queues, validation.queue, "queues")
+        self.job_types = _names(job_types, validation.job_type, "job_types")
+        self.concurrency = _bounded_int(concurrency, "concurrency", MAX_CONCURRENCY)
+        self.batch_size = _bounded_int(
+            batch_size if batch_size is not None else concurrency, "batch_size", MAX_BATCH_SIZE
+        )
+        self.poll_interval = validation.seconds(
+            settings.POLL_INTERVAL if poll_interval is None else poll_interval,
+            "poll_interval",
+            allow_zero=False,
+        )
+        self.shutdown_grace = validation.seconds(
+            settings.SHUTDOWN_GRACE if shutdown_grace is None else shutdown_grace,
+            "shutdown_grace",
+        )
+        self.burst = burst
+        self.worker_id = worker_id or default_worker_id()
+        if not self.worker_id or len(self.worker_id) > 255:
+            raise InvalidJobError("worker_id", "must be 1 to 255 characters")
+        self.using = using or settings.DATABASE
+        self.listen = settings.NOTIFY if listen is None else listen
+        self._settings = settings
+
+        self._running: dict[Any, RunningJob] = {}
+        self._abandoned: dict[Any, RunningJob] = {}
+        self._finished: queue.SimpleQueue[tuple[RunningJob, Outcome]] = queue.SimpleQueue()
+        self._outcomes: list[Outcome] = []
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._threads_stopping = threading.Event()
+        self._signals_received = 0
+        self.processed = 0
+
+    # -- public control -------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop claiming; running jobs finish within the grace period (thread-safe)."""
+        self._stopping.set()
+        self._wake.set()
+
+    def run(self) -> int:
+        """Run until stopped; return the process exit code (0 on a clean stop)."""
+        self._install_signal_handlers()
+        logger.info(
+            "worker %s starting: queues=%s job_types=%s concurrency=%d batch_size=%d",
+            self.worker_id,
+            ",".join(self.queues) if self.queues else "*",
+            ",".join(self.job_types) if self.job_types else "*",
+            self.concurrency,
+            self.batch_size,
+        )
+        slots = SlotPool(self.concurrency, self.using, self._on_job_done)
+        threads = self._start_threads()
+        try:
+            self._loop(slots)
+        finally:
+            self._drain_and_release()
+            slots.stop()
+            self._threads_stopping.set()
+            for thread in threads:
+                thread.join(timeout=2)
+            connections[self.using].close()
+        logger.info("worker %s stopped after %d job(s)", self.worker_id, self.processed)
+        return 0
+
+    # -- main loop ----------------------------------------------------------------------
+
+    def _loop(self, slots: SlotPool) -> None:
+        failures = 0
+        while not self._stopping.is_set():
+            try:
+                self._reap()
+                self._flush()
+                self._enforce_timeouts()
+                claimed, asked = self._claim_into(slots)
+                failures = 0
+            except (DatabaseError, InterfaceError) as exc:
+                failures += 1
+                delay = min(0.5 * 2 ** (failures - 1), 30.0)
+                logger.error(
+                    "database unavailable (%s: %s); retrying in %.1fs",
+                    type(exc).__name__,
+                    str(exc).strip(),
+                    delay,
+                )
+                connections[self.using].close()
+                self._stopping.wait(delay)
+                continue
+            if self.burst and not claimed and not self._running and not self._outcomes:
+                logger.info("burst: no due job left")
+                return
+            if asked and len(claimed) == asked:
+                continue  # more may be due right away
+            self._wake.wait(self._wait_timeout())
+            self._wake.clear()
+
+    def _wait_timeout(self) -> float:
+        timeout = self.poll_interval
+        now = time.monotonic()
+        for running in self._running.values():
+            if running.deadline is not None:
+                timeout = min(timeout, max(running.deadline - now, 0.0) + 0.01)
+        return timeout
+
+    def _claim_into(self, slots: SlotPool) -> tuple[list[Job], int]:
+        free = self.concurrency - len(self._running) - len(self._abandoned)
+        if free <= 0 or self._stopping.is_set():
+            return [], 0
+        asked = min(free, self.batch_size)
+        jobs = self._claim(asked)
+        if jobs:
+            self._start(jobs, slots)
+        return jobs, asked
+
+    def _claim(self, count: int) -> list[Job]:
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(
+                queries.CLAIM,
+                [self.worker_id, self.job_types, count, self.queues],
+            )
+            columns = [column.name for column in cursor.description]
+            jobs = [Job.from_row(columns, row, self.using) for row in cursor.fetchall()]
+        jobs.sort(key=lambda job: (-job.priority, job.created_at))
+        return jobs
+
+    def _start(self, jobs: list[Job], slots: SlotPool) -> None:
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(queries.MARK_RUNNING, [[job.id for job in jobs], self.worker_id])
+            started = {row[0]: (row[1], row[2]) for row in cursor.fetchall()}
+        now = time.monotonic()
+        for job in jobs:
+            if job.id not in started:
+                continue  # taken back by recovery between claim and start
+            job.status = "running"
+            job.started_at, cancel_requested = started[job.id]
+            definition = registry.find_definition(job.job_type)
+            running = RunningJob(job=job, definition=definition)
+            if cancel_requested:
+                self._outcomes.append(
+                    Outcome(job.id, "cancelled", error="cancelled before it started")
+                )
+                continue
+            if definition is not None and definition.timeout:
+                running.deadline = now + definition.timeout
+            self._running[job.id] = running
+            slots.submit(running)
+
+    def _on_job_done(self, running: RunningJob, outcome: Outcome) -> None:
+        # Called in the slot thread: hand over to the main loop and wake it.
+        running.outcome = outcome
+        self._finished.put((running, outcome))
+        self._wake.set()
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                running, outcome = self._finished.get_nowait()
+            except queue.Empty:
+                return
+            job_id = running.job.id
+            if self._abandoned.pop(job_id, None) is not None:
+                continue  # its timeout outcome was recorded when it was abandoned
+            self._running.pop(job_id, None)
+            self._outcomes.append(outcome)
+            _log_outcome(running.job, outcome)
+
+    def _flush(self) -> None:
+        if not self._outcomes:
+            return
+        outcomes = self._outcomes
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(
+                queries.FINISH,
+                [
+                    [o.job_id for o in outcomes],
+                    [o.status for o in outcomes],
+                    [o.delay for o in outcomes],
+                    [o.refund for o in outcomes],
+                    [o.error for o in outcomes],
+                    [o.traceback for o in outcomes],
+                    [o.result for o in outcomes],
+                    self.worker_id,
+                ],
+            )
+            written = {row[0] for row in cursor.fetchall()}
+        self._outcomes = []
+        self.processed += len(written)
+        for outcome in outcomes:
+            if outcome.job_id not in written:
+                logger.warning(
+                    "job %s was no longer held by %s (recovered by another worker); "
+                    "its outcome %r was not recorded",
+                    outcome.job_id,
+                    self.worker_id,
+                    outcome.status,
+                )
+
+    def _enforce_timeouts(self) -> None:
+        now = time.monotonic()
+        for job_id, running in list(self._running.items()):
+            if running.deadline is None or now < running.deadline:
+                continue
+            if running.timeout_signalled_at is None:
+                logger.warning("job %s ran past its timeout; interrupting it", job_id)
+                interrupt(running)
+            elif now - running.timeout_signalled_at > TIMEOUT_GRACE:
+                # The handler ignores the interruption (blocked in C code, or swallowed
+                # the exception): record the timeout now and keep the slot counted as
+                # busy until the thread comes back, so concurrency is never exceeded.
+                logger.error("job %s did not stop after its timeout; abandoning it", job_id)
+                del self._running[job_id]
+                self._abandoned[job_id] = running
+                self._outcomes.append(timeout_outcome(running))
+
+    # -- shutdown -----------------------------------------------------------------------
+
+    def _drain_and_release(self) -> None:
+        """Let running jobs finish within the grace period, then release the rest."""
+        deadline = time.monotonic() + self.shutdown_grace
+        if self._running:
+            logger.info(
+                "waiting up to %.1fs for %d running job(s)", self.shutdown_grace, len(self._running)
+            )
+        while self._running and time.monotonic() < deadline:
+            self._wake.wait(min(0.1, max(deadline - time.monotonic(), 0)))
+            self._wake.clear()
+            self._reap()
+        for job_id, running in self._running.items():
+            logger.warning("releasing job %s, still running at shutdown", job_id)
+            running.cancel_event.set()
+            self._outcomes.append(Outcome(job_id, "pending", refund=1))
+        self._running.clear()
+        for attempt in range(3):
+            try:
+                self._flush()
+                return
+            except (DatabaseError, InterfaceError) as exc:
+                logger.error("could not record outcomes at shutdown (%s)", exc)
+                connections[self.using].close()
+                time.sleep(0.5 * (attempt + 1))
+        logger.error(
+            "%d outcome(s) were not recorded; recovery will return those jobs to pending",
+            len(self._outcomes),
+        )
+
+    def _start_threads(self) -> list[threading.Thread]:
+        settings = self._settings
+        threads: list[threading.Thread] = [
+            Heartbeat(
+                alias=self.using,
+                worker_id=self.worker_id,
+                interval=settings.HEARTBEAT_INTERVAL,
+                recover_interval=settings.RECOVER_INTERVAL,
+                stale_after=settings.STALE_AFTER,
+                held_jobs=lambda: list(self._running.values()),
+                stopping=self._threads_stopping,
+            )
+        ]
+        if self.listen:
+            threads.append(
+                NotificationListener(
+                    alias=self.using,
+                    channel=settings.NOTIFY_CHANNEL,
+                    queues=self.queues,
+                    wake=self._wake,
+                    stopping=self._threads_stopping,
+                )
+            )
+        for thread in threads:
+            thread.start()
+        return threads
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signals can only be handled in the main thread (e.g. under tests)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._handle_signal)
+
+    def _handle_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signals_received += 1
+        name = signal.Signals(signum).name
+        if self._signals_received > 1:
+            logger.warning("%s again: exiting now; recovery will release held jobs", name)
+            os._exit(128 + signum)
+        logger.info(
+            "%s: stopping; running jobs have %.1fs to finish (send again to exit at once)",
+            name,
+            self.shutdown_grace,
+        )
+        self.stop()
+
+
+def _log_outcome(job: Job, outcome: Outcome) -> None:
+    if outcome.status == "completed":
+        logger.debug("job %s (%s) completed", job.id, job.job_type)
+    elif outcome.status == "pending":
+        logger.warning(
+            "job %s (%s) attempt %d/%d failed, retrying in %.2fs: %s",
+            job.id,
+            job.job_type,
+            job.attempts,
+            job.max_attempts,
+            outcome.delay,
+            outcome.error,
+        )
+    else:
+        logger.error("job %s (%s) %s: %s", job.id, job.job_type, outcome.status, outcome.error)
+
+
+def _names(values: Iterable[str] | None, check: Any, field: str) -> list[str] | None:
+    if values is None:
+        return None
+    if isinstance(values, str):
+        values = [values]
+    names = [check(value, field) for value in values]
+    if not names:
+        raise InvalidJobError(field, "must name at least one, or be None for any")
+    return names
+
+
+def _bounded_int(value: Any, field: str, maximum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= maximum:
+        raise InvalidJobError(field, f"must be an integer from 1 to {maximum}, got {value!r}")
+    return value

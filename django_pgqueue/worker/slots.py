@@ -1,0 +1,65 @@
+"""A fixed set of daemon threads ("slots") that run jobs.
+
+Daemon threads, unlike ``concurrent.futures``' workers, never keep the process alive
+after the worker decided to exit: a handler stuck past the shutdown grace period cannot
+hold up a deploy. Its job is released or recovered instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+
+from ..exceptions import JobTimeout
+from ..sideconn import close_side_connections
+from .execution import Outcome, RunningJob, execute, failure_outcome
+
+logger = logging.getLogger("django_pgqueue.worker")
+
+_STOP = object()
+
+
+class SlotPool:
+    """``size`` threads taking jobs from a queue; each finished job goes to ``on_done``."""
+
+    def __init__(
+        self, size: int, alias: str, on_done: Callable[[RunningJob, Outcome], None]
+    ) -> None:
+        self._alias = alias
+        self._on_done = on_done
+        self._inbox: queue.SimpleQueue[RunningJob | object] = queue.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._serve, name=f"pgqueue-slot-{n}", daemon=True)
+            for n in range(size)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, running: RunningJob) -> None:
+        self._inbox.put(running)
+
+    def stop(self) -> None:
+        """Ask idle slots to exit once the queue is drained (busy ones finish first)."""
+        for _ in self._threads:
+            self._inbox.put(_STOP)
+
+    def _serve(self) -> None:
+        from django.db import connections
+
+        try:
+            while True:
+                item = self._inbox.get()
+                if item is _STOP:
+                    return
+                assert isinstance(item, RunningJob)
+                try:
+                    outcome = execute(item, self._alias)
+                except JobTimeout as exc:
+                    # Delivered between the handler's return and the end of execute().
+                    outcome = failure_outcome(item, exc)
+                self._on_done(item, outcome)
+        finally:
+            close_side_connections()
+            connections.close_all()
