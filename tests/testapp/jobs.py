@@ -64,3 +64,21 @@ def cancellable(job):
     while time.monotonic() < deadline:
         job.raise_if_cancel_requested()
         time.sleep(0.05)
+
+
+@job("tests.busy", timeout=0.5, max_attempts=1)
+def busy(job):
+    """Pure-Python loop: the timeout interruption reaches it promptly."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        pass
+
+
+@job("tests.backoff", max_attempts=3, retry_backoff=Backoff(base=0.4, factor=2, jitter=False))
+def fails_with_growing_backoff(job):
+    raise ValueError(f"attempt {job.attempts} failed")
+
+
+@job("tests.returns")
+def returns_value(job):
+    return {"doubled": job.data["n"] * 2}

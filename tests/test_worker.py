@@ -1,0 +1,251 @@
+"""The worker run in a thread of the test process: claiming, outcomes, retries,
+timeouts, cancellation, wake-ups."""
+
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test import override_settings
+from django.utils import timezone
+
+import django_pgqueue
+from django_pgqueue import enqueue, enqueue_many
+from django_pgqueue.models import Job, JobStatus
+from django_pgqueue.worker import Worker
+from tests.testapp.models import Execution
+from tests.workers import wait_for, worker_thread
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def status_of(job):
+    job.refresh_from_db()
+    return job.status
+
+
+def test_burst_drains_every_due_job_and_exits():
+    enqueue_many([{"job_type": "tests.record"} for _ in range(300)])
+    later = enqueue("tests.record", delay=timedelta(hours=1))
+
+    worker = Worker(concurrency=4, burst=True)
+    assert worker.run() == 0
+
+    assert Job.objects.filter(status=JobStatus.COMPLETED).count() == 300
+    assert Execution.objects.count() == 300
+    assert status_of(later) == JobStatus.PENDING
+    assert worker.processed == 300
+
+
+def test_completed_job_records_progress_worker_and_times():
+    job = enqueue("tests.record")
+    Worker(burst=True, worker_id="w-1").run()
+
+    job.refresh_from_db()
+    assert job.status == JobStatus.COMPLETED
+    assert job.progress == 100
+    assert job.worker_id == "w-1"
+    assert job.attempts == 1
+    assert job.claimed_at <= job.started_at <= job.completed_at
+
+
+def test_return_value_is_stored_as_result():
+    job = enqueue("tests.returns", {"n": 21})
+    Worker(burst=True).run()
+    job.refresh_from_db()
+    assert job.result == {"doubled": 42}
+
+
+def test_handler_writes_are_rolled_back_when_it_fails():
+    job = enqueue("tests.fail", max_attempts=1)
+    Worker(burst=True).run()
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED
+    assert not Execution.objects.filter(job_id=job.id).exists()
+
+
+def test_failing_job_retries_with_growing_delays_then_fails_with_traceback():
+    job = enqueue("tests.backoff")  # Backoff(base=0.4, factor=2), 3 attempts
+    delays = []
+    for _ in range(2):
+        Worker(burst=True).run()
+        job.refresh_from_db()
+        assert job.status == JobStatus.PENDING
+        delays.append((job.run_at - job.claimed_at).total_seconds())
+        wait_for(lambda: timezone.now() >= job.run_at, timeout=5)
+    Worker(burst=True).run()
+
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED
+    assert job.attempts == 3
+    assert job.completed_at is not None
+    assert job.last_error == "ValueError: attempt 3 failed"
+    assert "Traceback (most recent call last)" in job.last_traceback
+    assert "fails_with_growing_backoff" in job.last_traceback
+    assert delays[0] >= 0.4
+    assert delays[1] >= 0.8
+    assert delays[1] > delays[0]
+
+
+def test_fail_job_exception_fails_at_once_without_retry():
+    job = enqueue("tests.fail_now")
+    Worker(burst=True).run()
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED
+    assert job.attempts == 1
+    assert job.last_error == "FailJob: the input is unusable"
+
+
+def test_retry_job_exception_reschedules_after_the_given_delay():
+    job = enqueue("tests.retry_later", {"delay": 0.5})
+    Worker(burst=True).run()
+    job.refresh_from_db()
+    assert job.status == JobStatus.PENDING
+    assert job.last_error == "RetryJob: not ready yet"
+    assert (job.run_at - job.claimed_at).total_seconds() >= 0.5
+
+    wait_for(lambda: timezone.now() >= job.run_at, timeout=5)
+    Worker(burst=True).run()
+    assert status_of(job) == JobStatus.COMPLETED
+
+
+def test_unknown_job_type_fails_visibly_after_its_attempts():
+    with override_settings(
+        PGQUEUE={"VALIDATE_JOB_TYPES": False, "RETRY_BACKOFF_BASE": 0.01, "RETRY_BACKOFF_MAX": 0.01}
+    ):
+        job = enqueue("tests.not_registered", max_attempts=2)
+        with worker_thread(concurrency=2, poll_interval=0.05):
+            wait_for(lambda: status_of(job) == JobStatus.FAILED)
+    job.refresh_from_db()
+    assert job.attempts == 2
+    assert "no handler is registered for job type 'tests.not_registered'" in job.last_error
+
+
+def test_timeout_interrupts_a_python_handler():
+    job = enqueue("tests.busy")  # timeout=0.5, loops for 30s
+    started = time.monotonic()
+    with worker_thread(concurrency=1, poll_interval=0.1):
+        wait_for(lambda: status_of(job) == JobStatus.FAILED, timeout=10)
+    assert time.monotonic() - started < 10
+    assert job.last_error == "JobTimeout: ran past its timeout of 0.5s"
+
+
+def test_timeout_of_a_handler_blocked_in_c_code_is_recorded_and_its_slot_kept_busy():
+    blocked = enqueue("tests.sleep", {"sleep": 6})  # timeout=1, max_attempts=1
+    queued = enqueue("tests.noop")
+    with worker_thread(concurrency=1, poll_interval=0.1) as worker:
+        wait_for(lambda: status_of(blocked) == JobStatus.FAILED, timeout=10)
+        assert "did not stop when interrupted" in blocked.last_error
+        # The only slot is still occupied by the abandoned thread: nothing else runs.
+        assert status_of(queued) == JobStatus.PENDING
+        wait_for(lambda: status_of(queued) == JobStatus.COMPLETED, timeout=10)
+    assert worker.concurrency == 1
+
+
+def test_cancelling_a_pending_job_makes_it_unclaimable():
+    job = enqueue("tests.record")
+    assert job.cancel() is True
+    Worker(burst=True).run()
+    job.refresh_from_db()
+    assert job.status == JobStatus.CANCELLED
+    assert job.attempts == 0
+    assert not Execution.objects.exists()
+
+
+def test_cancelling_a_running_job_reaches_the_handler_and_ends_cancelled():
+    job = enqueue("tests.cancellable", {"max_seconds": 20})
+    with worker_thread(concurrency=1, poll_interval=0.1):
+        wait_for(lambda: status_of(job) == JobStatus.RUNNING)
+        assert job.cancel() is True
+        wait_for(lambda: status_of(job) == JobStatus.CANCELLED, timeout=10)
+    assert job.completed_at is not None
+    assert "JobCancelled" in job.last_error
+
+
+def test_retry_puts_a_failed_job_back_and_it_completes():
+    job = enqueue("tests.fail_now")
+    Worker(burst=True).run()
+    assert status_of(job) == JobStatus.FAILED
+
+    Job.objects.filter(pk=job.pk).update(job_type="tests.record")
+    assert job.retry() is True
+    Worker(burst=True).run()
+    job.refresh_from_db()
+    assert job.status == JobStatus.COMPLETED
+    assert job.attempts == 1
+
+
+def test_priority_order_is_respected_by_a_single_slot():
+    low = enqueue("tests.record", priority=10)
+    high = enqueue("tests.record", priority=900)
+    mid = enqueue("tests.record", priority=100)
+    Worker(concurrency=1, burst=True).run()
+    order = list(Execution.objects.order_by("started_at").values_list("job_id", flat=True))
+    assert order == [high.id, mid.id, low.id]
+
+
+def test_queue_and_job_type_filters_limit_what_a_worker_claims():
+    emails = enqueue("tests.record", queue="emails")
+    other = enqueue("tests.record", queue="reports")
+    noop = enqueue("tests.noop", queue="emails")
+    Worker(queues=["emails"], job_types=["tests.record"], burst=True).run()
+    assert status_of(emails) == JobStatus.COMPLETED
+    assert status_of(other) == JobStatus.PENDING
+    assert status_of(noop) == JobStatus.PENDING
+
+
+def test_notify_wakes_an_idle_worker_long_before_its_poll_interval():
+    with worker_thread(concurrency=1, poll_interval=30) as worker:
+        listener = wait_for(lambda: _listener(worker))
+        wait_for(listener.listening.is_set)
+        time.sleep(0.2)  # let the worker go idle on its 30s poll
+        job = enqueue("tests.record")
+        wait_for(lambda: status_of(job) == JobStatus.COMPLETED, timeout=10)
+    assert (job.started_at - job.created_at).total_seconds() < 10
+
+
+def test_polling_still_finds_jobs_when_notify_is_disabled():
+    with (
+        override_settings(PGQUEUE={"NOTIFY": False, "POLL_INTERVAL": 0.2}),
+        worker_thread(concurrency=1) as worker,
+    ):
+        assert _listener(worker) is None
+        time.sleep(0.3)
+        job = enqueue("tests.record")
+        wait_for(lambda: status_of(job) == JobStatus.COMPLETED, timeout=10)
+
+
+def test_outcomes_of_many_jobs_are_written_in_few_statements():
+    enqueue_many([{"job_type": "tests.noop"} for _ in range(200)])
+    finishes = []
+
+    def count_finishes(execute, sql, params, many, context):
+        if "unnest" in sql and "UPDATE pgqueue_jobs" in sql:
+            finishes.append(len(params[0]))
+        return execute(sql, params, many, context)
+
+    worker = Worker(concurrency=8, burst=True)
+    with connection.execute_wrapper(count_finishes):
+        worker.run()
+    assert sum(finishes) == 200
+    assert len(finishes) < 200  # batched: several outcomes per UPDATE
+
+
+def test_worker_rejects_invalid_options():
+    with pytest.raises(django_pgqueue.InvalidJobError, match="concurrency"):
+        Worker(concurrency=0)
+    with pytest.raises(django_pgqueue.InvalidJobError, match="batch_size"):
+        Worker(batch_size=100_000)
+    with pytest.raises(django_pgqueue.InvalidJobError, match="queues"):
+        Worker(queues=["bad queue; drop"])
+
+
+def _listener(worker):
+    import threading
+
+    from django_pgqueue.worker.listener import NotificationListener
+
+    for thread in threading.enumerate():
+        if isinstance(thread, NotificationListener) and thread.is_alive():
+            return thread
+    return None

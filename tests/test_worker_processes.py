@@ -1,0 +1,155 @@
+"""Real ``pgqueue_worker`` processes: crashes, signals, heartbeats and recovery."""
+
+import signal
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from django_pgqueue import enqueue
+from django_pgqueue.models import Job, JobStatus
+from django_pgqueue.recovery import recover_stale_jobs
+from tests.testapp.models import Execution
+from tests.workers import WorkerProcess, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# tests/settings.py: HEARTBEAT_INTERVAL 0.5s, STALE_AFTER 3s, RECOVER_INTERVAL 1s.
+
+
+@pytest.fixture
+def workers():
+    started: list[WorkerProcess] = []
+
+    def start(*args: str) -> WorkerProcess:
+        process = WorkerProcess("--poll-interval", "0.2", *args)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.stop()
+
+
+def status_of(job):
+    job.refresh_from_db()
+    return job.status
+
+
+def test_job_of_a_killed_worker_is_completed_by_another_worker(workers):
+    job = enqueue("tests.record", {"sleep": 2})
+    first = workers("--worker-id", "doomed")
+    wait_for(lambda: status_of(job) == JobStatus.RUNNING)
+    first.signal(signal.SIGKILL)
+    first.wait()
+
+    workers("--worker-id", "rescuer")
+    wait_for(lambda: status_of(job) == JobStatus.COMPLETED, timeout=30)
+
+    assert job.worker_id == "rescuer"
+    assert job.attempts == 2
+    assert "worker doomed stopped heartbeating" in job.last_error
+    # The killed attempt's transaction never committed: exactly one execution is on record.
+    assert list(Execution.objects.values_list("worker_id", flat=True)) == ["rescuer"]
+
+
+def test_long_healthy_job_is_not_recovered_while_its_worker_heartbeats(workers):
+    job = enqueue("tests.record", {"sleep": 5})  # longer than STALE_AFTER (3s)
+    workers("--worker-id", "steady")
+    wait_for(lambda: status_of(job) == JobStatus.RUNNING)
+    recovered = []
+    while status_of(job) == JobStatus.RUNNING:
+        recovered += recover_stale_jobs()
+    assert recovered == []
+    wait_for(lambda: status_of(job) == JobStatus.COMPLETED, timeout=15)
+    assert job.attempts == 1
+    assert Execution.objects.count() == 1
+
+
+def test_sigterm_lets_the_running_job_finish_and_exits_zero(workers):
+    job = enqueue("tests.record", {"sleep": 1.5})
+    waiting = enqueue("tests.record", delay=timedelta(hours=1))
+    worker = workers("--concurrency", "1")
+    wait_for(lambda: status_of(job) == JobStatus.RUNNING)
+    worker.signal(signal.SIGTERM)
+
+    assert worker.wait() == 0, worker.output()
+    assert status_of(job) == JobStatus.COMPLETED
+    assert status_of(waiting) == JobStatus.PENDING
+    assert "SIGTERM: stopping" in worker.output()
+
+
+def test_sigterm_releases_a_job_that_outlives_the_grace_period(workers):
+    job = enqueue("tests.record", {"sleep": 30})
+    worker = workers("--shutdown-grace", "0.5")
+    wait_for(lambda: status_of(job) == JobStatus.RUNNING)
+    worker.signal(signal.SIGINT)
+
+    assert worker.wait(timeout=15) == 0, worker.output()
+    job.refresh_from_db()
+    assert job.status == JobStatus.PENDING
+    assert job.worker_id is None
+    assert job.attempts == 0  # the interrupted attempt is given back
+    assert not Execution.objects.exists()
+
+
+def test_second_signal_exits_at_once_and_recovery_picks_up_the_job(workers):
+    job = enqueue("tests.record", {"sleep": 30})
+    worker = workers("--shutdown-grace", "60")
+    wait_for(lambda: status_of(job) == JobStatus.RUNNING)
+    worker.signal(signal.SIGTERM)
+    wait_for(lambda: "SIGTERM: stopping" in worker.output())
+    worker.signal(signal.SIGTERM)
+
+    assert worker.wait(timeout=10) == 128 + signal.SIGTERM
+    assert status_of(job) == JobStatus.RUNNING
+    wait_for(lambda: recover_stale_jobs(), timeout=10)
+    assert status_of(job) == JobStatus.PENDING
+
+
+def test_burst_worker_process_drains_and_exits_zero(workers):
+    jobs = [enqueue("tests.record") for _ in range(20)]
+    worker = workers("--burst", "--concurrency", "3")
+    assert worker.wait() == 0, worker.output()
+    assert Job.objects.filter(pk__in=[j.pk for j in jobs], status="completed").count() == 20
+
+
+def test_invalid_worker_options_are_reported_without_a_traceback(workers):
+    worker = workers("--concurrency", "0")
+    assert worker.wait() == 1
+    assert "concurrency: must be an integer from 1 to 1000, got 0" in worker.output()
+    assert "Traceback" not in worker.output()
+
+
+def _make_stale(job, seconds=60):
+    Job.objects.filter(pk=job.pk).update(
+        status=JobStatus.RUNNING,
+        worker_id="gone",
+        attempts=1,
+        claimed_at=timezone.now() - timedelta(seconds=seconds),
+        heartbeat_at=timezone.now() - timedelta(seconds=seconds),
+    )
+
+
+def test_recover_command_dry_run_lists_without_changing():
+    job = enqueue("tests.record")
+    _make_stale(job)
+    out = StringIO()
+    call_command("pgqueue_recover", "--dry-run", stdout=out)
+    assert f"{job.id}  tests.record  worker=gone  -> pending" in out.getvalue()
+    assert "would recover 1 stale job(s)" in out.getvalue()
+    assert status_of(job) == JobStatus.RUNNING
+
+
+def test_recover_command_returns_stale_jobs_to_pending():
+    job = enqueue("tests.record")
+    fresh = enqueue("tests.record")
+    _make_stale(job)
+    _make_stale(fresh, seconds=0)
+    out = StringIO()
+    call_command("pgqueue_recover", "--stale-after", "30", stdout=out)
+    assert "recovered 1 stale job(s)" in out.getvalue()
+    assert status_of(job) == JobStatus.PENDING
+    assert status_of(fresh) == JobStatus.RUNNING
