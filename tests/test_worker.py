@@ -249,3 +249,29 @@ def _listener(worker):
         if isinstance(thread, NotificationListener) and thread.is_alive():
             return thread
     return None
+
+
+def test_worker_survives_its_connections_being_killed_and_loses_nothing():
+    jobs = enqueue_many(
+        [{"job_type": "tests.record", "data": {"sleep": 0.01}, "max_attempts": 10}] * 400
+    )
+    kills = 0
+    with worker_thread(concurrency=4, poll_interval=0.1):
+        for round_ in range(4):
+            wait_for(
+                lambda n=round_: Job.objects.filter(status=JobStatus.COMPLETED).count() > n * 80
+            )
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+                kills += 1 if cursor.fetchone()[0] else 0
+        wait_for(
+            lambda: Job.objects.filter(status=JobStatus.COMPLETED).count() == len(jobs),
+            timeout=60,
+        )
+    assert kills == 4
+    assert Job.objects.exclude(status=JobStatus.COMPLETED).count() == 0
+    executed = set(Execution.objects.values_list("job_id", flat=True))
+    assert executed == {job.id for job in jobs}

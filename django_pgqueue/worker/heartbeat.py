@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from django.db import DatabaseError, connections
 
@@ -27,6 +28,7 @@ class Heartbeat(threading.Thread):
         recover_interval: float,
         stale_after: float,
         held_jobs: Callable[[], list[RunningJob]],
+        unflushed_job_ids: Callable[[], list[Any]],
         stopping: threading.Event,
     ) -> None:
         super().__init__(name="pgqueue-heartbeat", daemon=True)
@@ -36,6 +38,7 @@ class Heartbeat(threading.Thread):
         self._recover_interval = recover_interval
         self._stale_after = stale_after
         self._held_jobs = held_jobs
+        self._unflushed_job_ids = unflushed_job_ids
         self._stopping = stopping
 
     def run(self) -> None:
@@ -54,11 +57,17 @@ class Heartbeat(threading.Thread):
             connections.close_all()
 
     def beat(self) -> None:
-        """Refresh ``heartbeat_at`` of held jobs and deliver cancellation requests."""
+        """Refresh ``heartbeat_at`` of held jobs and deliver cancellation requests.
+
+        Held jobs are those running in a slot and those whose outcome is not written yet.
+        """
         # Snapshot before the query: a job claimed after it cannot be mistaken for lost.
         held = {running.job.id: running for running in self._held_jobs()}
+        ids = [*held, *self._unflushed_job_ids()]
+        if not ids:
+            return
         with connections[self._alias].cursor() as cursor:
-            cursor.execute(queries.HEARTBEAT, [self._worker_id])
+            cursor.execute(queries.HEARTBEAT, [ids, self._worker_id])
             rows = cursor.fetchall()
         still_ours = set()
         for job_id, cancel_requested in rows:

@@ -35,9 +35,11 @@ UPDATE pgqueue_jobs AS jobs
 RETURNING jobs.id
 """
 
+# Only the jobs the worker knows it holds: a claim whose answer was lost with the
+# connection must go stale and be recovered, not be kept alive forever.
 HEARTBEAT = """
 UPDATE pgqueue_jobs
    SET heartbeat_at = now()
- WHERE worker_id = %s AND status IN ('claimed', 'running')
+ WHERE id = ANY(%s::uuid[]) AND worker_id = %s AND status IN ('claimed', 'running')
 RETURNING id, cancel_requested_at IS NOT NULL
 """

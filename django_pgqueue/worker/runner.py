@@ -195,9 +195,14 @@ class Worker:
         return jobs
 
     def _start(self, jobs: list[Job], slots: SlotPool) -> None:
-        with connections[self.using].cursor() as cursor:
-            cursor.execute(queries.MARK_RUNNING, [[job.id for job in jobs], self.worker_id])
-            started = {row[0]: (row[1], row[2]) for row in cursor.fetchall()}
+        try:
+            with connections[self.using].cursor() as cursor:
+                cursor.execute(queries.MARK_RUNNING, [[job.id for job in jobs], self.worker_id])
+                started = {row[0]: (row[1], row[2]) for row in cursor.fetchall()}
+        except (DatabaseError, InterfaceError):
+            # Claimed but not started: give them back as soon as the database answers.
+            self._outcomes.extend(Outcome(job.id, "pending", refund=1) for job in jobs)
+            raise
         now = time.monotonic()
         for job in jobs:
             if job.id not in started:
@@ -324,6 +329,7 @@ class Worker:
                 recover_interval=settings.RECOVER_INTERVAL,
                 stale_after=settings.STALE_AFTER,
                 held_jobs=lambda: list(self._running.values()),
+                unflushed_job_ids=lambda: [outcome.job_id for outcome in self._outcomes],
                 stopping=self._threads_stopping,
             )
         ]
