@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, fields
 from datetime import timedelta
@@ -55,6 +56,8 @@ _DURATIONS = {
     "RETRY_BACKOFF_BASE",
     "RETRY_BACKOFF_MAX",
 }
+# Durations that pace a worker's loops: zero would make them spin without pausing.
+_POSITIVE_DURATIONS = {"POLL_INTERVAL", "HEARTBEAT_INTERVAL", "STALE_AFTER", "RECOVER_INTERVAL"}
 
 
 def to_seconds(name: str, value: Any, *, allow_zero: bool = True) -> float:
@@ -65,7 +68,7 @@ def to_seconds(name: str, value: Any, *, allow_zero: bool = True) -> float:
         seconds = float(value)
     else:
         raise SettingsError(f"{name} must be a number of seconds or a timedelta, got {value!r}")
-    if seconds < 0 or (seconds == 0 and not allow_zero) or seconds != seconds:
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
         raise SettingsError(f"{name} must be a positive duration, got {value!r}")
     return seconds
 
@@ -79,7 +82,7 @@ def _validate(raw: dict[str, Any]) -> PgQueueSettings:
     for name, value in raw.items():
         key = f"PGQUEUE[{name!r}]"
         if name in _DURATIONS:
-            values[name] = to_seconds(key, value, allow_zero=name != "POLL_INTERVAL")
+            values[name] = to_seconds(key, value, allow_zero=name not in _POSITIVE_DURATIONS)
         elif known[name].type in ("bool",):
             if not isinstance(value, bool):
                 raise SettingsError(f"{key} must be True or False, got {value!r}")

@@ -6,7 +6,6 @@ import threading
 from typing import Any, ClassVar
 
 from django.contrib.postgres.functions import RandomUUID
-from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 from django.db.models import Q, Value
 from django.db.models.functions import Now
@@ -14,6 +13,7 @@ from django.utils.translation import gettext_lazy as _
 
 from . import conf
 from .exceptions import InvalidJobError, JobCancelled
+from .indexes import GinIndex
 
 
 class JobStatus(models.TextChoices):

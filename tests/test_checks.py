@@ -1,0 +1,97 @@
+"""System checks: ``manage.py check`` explains a misconfigured PGQUEUE or database."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+from django.conf import settings
+from django.core.checks import run_checks
+from django.db import connections
+
+
+def pgqueue_messages(**kwargs):
+    return [message for message in run_checks(**kwargs) if message.id.startswith("django_pgqueue.")]
+
+
+@pytest.fixture
+def sqlite_alias():
+    """A second database alias that is not PostgreSQL; never connected to."""
+    alias = "legacy"
+    # DATABASES is shared with the connection handler; overriding it with
+    # override_settings is unsupported, so the alias is added and removed in place.
+    settings.DATABASES[alias] = {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}
+    connections.configure_settings(settings.DATABASES)
+    try:
+        yield alias
+    finally:
+        with contextlib.suppress(AttributeError):
+            del connections[alias]
+        del settings.DATABASES[alias]
+
+
+@pytest.mark.django_db
+def test_suite_configuration_passes_every_check():
+    assert pgqueue_messages(databases=["default"]) == []
+
+
+def test_unknown_pgqueue_key_is_error_e001(pgqueue_settings):
+    pgqueue_settings(MAX_RETRIES=5)
+
+    (error,) = pgqueue_messages()
+
+    assert error.id == "django_pgqueue.E001"
+    assert "MAX_RETRIES" in error.msg
+
+
+def test_invalid_pgqueue_value_is_error_e001(pgqueue_settings):
+    pgqueue_settings(HEARTBEAT_INTERVAL=60, STALE_AFTER=30)
+
+    (error,) = pgqueue_messages()
+
+    assert error.id == "django_pgqueue.E001"
+    assert "HEARTBEAT_INTERVAL" in error.msg
+
+
+def test_database_alias_missing_from_databases_is_error_e002(pgqueue_settings):
+    pgqueue_settings(DATABASE="queue")
+
+    (error,) = pgqueue_messages()
+
+    assert error.id == "django_pgqueue.E002"
+    assert "'queue'" in error.msg
+    assert "'default'" in error.hint
+
+
+def test_non_postgresql_database_is_error_e003(pgqueue_settings, sqlite_alias):
+    pgqueue_settings(DATABASE=sqlite_alias)
+
+    (error,) = pgqueue_messages()
+
+    assert error.id == "django_pgqueue.E003"
+    assert "'sqlite'" in error.msg
+    assert "django.db.backends.postgresql" in error.hint
+
+
+def test_database_checks_skip_a_non_postgresql_database(pgqueue_settings, sqlite_alias):
+    pgqueue_settings(DATABASE=sqlite_alias)
+
+    assert pgqueue_messages(tags=["database"], databases=[sqlite_alias]) == []
+
+
+@pytest.mark.django_db
+def test_server_version_check_passes_on_the_real_server():
+    assert connections["default"].pg_version >= 130000
+    assert pgqueue_messages(tags=["database"], databases=["default"]) == []
+
+
+@pytest.mark.django_db
+def test_server_older_than_13_is_error_e004(monkeypatch):
+    # The only simulated input in the suite: no supported Django connects to such a
+    # server, so the version the check reads is replaced to exercise the message.
+    monkeypatch.setattr(connections["default"], "pg_version", 120011)
+
+    (error,) = pgqueue_messages(tags=["database"], databases=["default"])
+
+    assert error.id == "django_pgqueue.E004"
+    assert "12.11" in error.msg

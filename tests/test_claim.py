@@ -1,0 +1,442 @@
+"""The SQL functions workers rely on: claim_job_batch() and recover_stale_jobs().
+
+They are called here exactly as a worker calls them, through a database cursor.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from django.db import DatabaseError, DataError, connection, connections, transaction
+
+from django_pgqueue.models import Job
+
+pytestmark = pytest.mark.django_db
+
+
+def claim(
+    worker_id: str | None = "worker-1",
+    *,
+    job_types: list[str] | None = None,
+    batch_size: int | None = 10,
+    queues: list[str] | None = None,
+) -> list[Job]:
+    """Call ``claim_job_batch`` on this thread's connection and return the claimed jobs."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT * FROM claim_job_batch(%s, %s, %s, %s)",
+            [worker_id, job_types, batch_size, queues],
+        )
+        columns = [column.name for column in cursor.description]
+        return [Job.from_row(columns, row, connection.alias) for row in cursor.fetchall()]
+
+
+def recover(stale_after: timedelta) -> list[tuple[Any, ...]]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT * FROM recover_stale_jobs(%s)", [stale_after])
+        return cursor.fetchall()
+
+
+def db_now() -> datetime:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        return cursor.fetchone()[0]
+
+
+def ids(jobs: list[Job]) -> set[Any]:
+    return {job.id for job in jobs}
+
+
+# -- What is claimed, and in which order ------------------------------------------------
+
+
+def test_claims_highest_priority_first_then_oldest_first(make_job):
+    start = db_now() - timedelta(hours=1)
+    backfill = make_job(priority=30, created_at=start)
+    user_newer = make_job(priority=150, created_at=start + timedelta(minutes=2))
+    system = make_job(priority=100, created_at=start)
+    user_older = make_job(priority=150, created_at=start + timedelta(minutes=1))
+
+    order = [claim(batch_size=1)[0].id for _ in range(4)]
+
+    assert order == [user_older.id, user_newer.id, system.id, backfill.id]
+
+
+def test_batch_takes_the_first_jobs_in_claim_order(make_job):
+    start = db_now() - timedelta(hours=1)
+    jobs = [make_job(priority=100, created_at=start + timedelta(seconds=i)) for i in range(5)]
+    urgent = make_job(priority=900, created_at=start + timedelta(seconds=10))
+
+    assert ids(claim(batch_size=3)) == {urgent.id, jobs[0].id, jobs[1].id}
+    assert ids(claim(batch_size=10)) == {job.id for job in jobs[2:]}
+    assert claim() == []
+
+
+def test_job_is_not_claimed_before_its_run_at(make_job):
+    later = make_job(run_at=db_now() + timedelta(seconds=30))
+    due = make_job(run_at=db_now() - timedelta(seconds=1), priority=1)
+
+    assert ids(claim()) == {due.id}
+    assert Job.objects.get(pk=later.pk).status == "pending"
+
+
+def test_job_due_exactly_now_is_claimed(make_job):
+    due = make_job(run_at=db_now())
+
+    assert ids(claim()) == {due.id}
+
+
+@pytest.mark.parametrize("status", ["claimed", "running", "completed", "failed", "cancelled"])
+def test_only_pending_jobs_are_claimed(make_job, status):
+    make_job(status=status, worker_id="worker-0" if status in ("claimed", "running") else None)
+
+    assert claim() == []
+
+
+@pytest.fixture
+def mixed_jobs(make_job):
+    """One due job per (queue, job_type) pair, keyed by that pair."""
+    return {
+        (queue, job_type): make_job(queue=queue, job_type=job_type).id
+        for queue in ("default", "emails", "reports")
+        for job_type in ("tests.noop", "tests.record", "tests.fail")
+    }
+
+
+@pytest.mark.parametrize(
+    ("queues", "job_types"),
+    [
+        (None, None),
+        (["emails"], None),
+        (["emails", "reports"], None),
+        (None, ["tests.record"]),
+        (None, ["tests.noop", "tests.fail"]),
+        (["reports"], ["tests.fail"]),
+    ],
+)
+def test_claim_filters_on_queues_and_job_types_with_null_meaning_any(mixed_jobs, queues, job_types):
+    expected = {
+        job_id
+        for (queue, job_type), job_id in mixed_jobs.items()
+        if (queues is None or queue in queues) and (job_types is None or job_type in job_types)
+    }
+
+    assert ids(claim(queues=queues, job_types=job_types, batch_size=100)) == expected
+
+
+def test_empty_filter_lists_match_nothing(mixed_jobs):
+    assert claim(queues=[]) == []
+    assert claim(job_types=[]) == []
+
+
+def test_claim_marks_jobs_claimed_by_the_worker_and_counts_the_attempt(make_job):
+    fresh = make_job()
+    retried = make_job(attempts=2, last_error="boom")
+
+    claimed = {job.id: job for job in claim("host-1:123:abc")}
+
+    now = db_now()
+    for job, attempts in ((fresh, 1), (retried, 3)):
+        for row in (claimed[job.id], Job.objects.get(pk=job.pk)):
+            assert row.status == "claimed"
+            assert row.worker_id == "host-1:123:abc"
+            assert row.claimed_at == now
+            assert row.heartbeat_at == now
+            assert row.attempts == attempts
+
+
+def test_claimed_rows_carry_the_whole_job(make_job):
+    made = make_job(data={"user": 7}, queue="emails", priority=321, max_attempts=9)
+
+    (claimed,) = claim()
+
+    assert (claimed.data, claimed.queue, claimed.priority, claimed.max_attempts) == (
+        {"user": 7},
+        "emails",
+        321,
+        9,
+    )
+    assert claimed.created_at == made.created_at
+
+
+@pytest.mark.parametrize("batch_size", [0, -1, 10001, None])
+def test_invalid_batch_size_is_a_clear_database_error(make_job, batch_size):
+    make_job()
+
+    with (
+        pytest.raises(DataError, match="p_batch_size must be between 1 and 10000"),
+        transaction.atomic(),
+    ):
+        claim(batch_size=batch_size)
+    assert Job.objects.get().status == "pending"
+
+
+@pytest.mark.parametrize("worker_id", ["", None])
+def test_missing_worker_id_is_a_clear_database_error(make_job, worker_id):
+    make_job()
+
+    with (
+        pytest.raises(DataError, match="p_worker_id must be a non-empty string"),
+        transaction.atomic(),
+    ):
+        claim(worker_id)
+    assert Job.objects.get().status == "pending"
+
+
+# -- Concurrency ------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_claimers_never_share_a_job_and_together_claim_all():
+    total, claimers = 4000, 6
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO pgqueue_jobs (job_type, queue, priority) "
+            "SELECT 'tests.noop', (ARRAY['default', 'emails'])[1 + i %% 2], "
+            "       (ARRAY[30, 100, 150])[1 + i %% 3] "
+            "  FROM generate_series(1, %s) AS i",
+            [total],
+        )
+    start = threading.Barrier(claimers)
+
+    def run_claimer(number: int) -> list[Any]:
+        worker_id = f"claimer-{number}"
+        rng = random.Random(number)
+        claimed: list[Any] = []
+        try:
+            start.wait(timeout=10)
+            while True:
+                # A separate transaction per round, sometimes held open a little so that
+                # other claimers meet locked rows and must skip them.
+                with transaction.atomic():
+                    batch = claim(worker_id, batch_size=rng.randint(1, 25))
+                    if rng.random() < 0.3:
+                        time.sleep(0.002)
+                if not batch:
+                    return claimed
+                claimed.extend(job.id for job in batch)
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(claimers) as pool:
+        per_claimer = list(pool.map(run_claimer, range(claimers)))
+
+    everything = [job_id for claimed in per_claimer for job_id in claimed]
+    assert len(everything) == len(set(everything)) == total
+    assert set(everything) == set(Job.objects.values_list("id", flat=True))
+    assert all(per_claimer), "every claimer should have claimed some jobs"
+    owners = dict(Job.objects.values_list("id", "worker_id"))
+    for number, claimed in enumerate(per_claimer):
+        assert {owners[job_id] for job_id in claimed} == {f"claimer-{number}"}
+    assert set(Job.objects.values_list("status", "attempts").distinct()) == {("claimed", 1)}
+
+
+# -- The claim uses its index -----------------------------------------------------------
+
+
+def claim_plans(**claim_arguments: Any) -> list[dict[str, Any]]:
+    """Run a real claim and return the plan of the statement inside claim_job_batch.
+
+    ``EXPLAIN SELECT * FROM claim_job_batch(...)`` shows only a Function Scan, so the
+    plan is captured with auto_explain, which reports the plan of every statement the
+    function executes, with the actual arguments (the function forces custom plans), as
+    a NOTICE sent to this client. Settings are ``SET LOCAL``: the test's transaction
+    ends them.
+    """
+    with connection.cursor() as cursor:
+        try:
+            with transaction.atomic():
+                cursor.execute("LOAD 'auto_explain'")
+        except DatabaseError as exc:  # not a superuser, or the module is not installed
+            pytest.skip(f"auto_explain is unavailable on this server: {exc}")
+        for setting, value in [
+            ("log_min_duration", "0"),
+            ("log_nested_statements", "on"),
+            ("log_level", "notice"),
+            ("log_format", "json"),
+        ]:
+            cursor.execute(f"SET LOCAL auto_explain.{setting} = {value}")
+        cursor.execute("SET LOCAL client_min_messages = notice")
+    notices: list[str] = []
+    handler = lambda diagnostic: notices.append(diagnostic.message_primary)  # noqa: E731
+    connection.connection.add_notice_handler(handler)
+    try:
+        assert claim(**claim_arguments), "the claim should have found due jobs"
+    finally:
+        connection.connection.remove_notice_handler(handler)
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL auto_explain.log_min_duration = -1")
+    plans = [json.loads(text[text.index("{") :]) for text in notices if "plan:" in text]
+    return [plan for plan in plans if "SKIP LOCKED" in plan["Query Text"]]
+
+
+def plan_nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
+    return [node, *(child for sub in node.get("Plans", []) for child in plan_nodes(sub))]
+
+
+def test_claim_uses_the_claimable_index_and_never_scans_the_table():
+    with connection.cursor() as cursor:
+        # A table that has run for a while: mostly finished rows, some pending work.
+        cursor.execute(
+            """
+            INSERT INTO pgqueue_jobs (job_type, status, created_at, completed_at, attempts)
+            SELECT 'tests.noop', (ARRAY['completed', 'failed', 'cancelled'])[1 + i % 3],
+                   now() - i * interval '1 second', now(), 1
+              FROM generate_series(1, 200000) AS i
+            """
+        )
+        cursor.execute(
+            """
+            INSERT INTO pgqueue_jobs (job_type, queue, priority, created_at, run_at)
+            SELECT (ARRAY['tests.noop', 'tests.record', 'tests.fail'])[1 + i % 3],
+                   (ARRAY['default', 'emails', 'reports', 'bulk'])[1 + i % 4],
+                   (ARRAY[30, 100, 150])[1 + i % 3],
+                   now() - i * interval '1 second',
+                   now() + CASE WHEN i % 10 = 0 THEN interval '1 hour'
+                                ELSE -interval '1 second' END
+              FROM generate_series(1, 20000) AS i
+            """
+        )
+        cursor.execute("ANALYZE pgqueue_jobs")
+
+    for arguments in [
+        {},
+        {"queues": ["emails"]},
+        {"job_types": ["tests.record"]},
+        {"queues": ["reports", "bulk"], "job_types": ["tests.fail", "tests.noop"]},
+    ]:
+        (plan,) = claim_plans(batch_size=50, **arguments)
+        nodes = plan_nodes(plan["Plan"])
+        node_types = [node["Node Type"] for node in nodes]
+        assert "Seq Scan" not in node_types, (arguments, node_types)
+        assert any(node.get("Index Name") == "idx_jobs_claimable" for node in nodes), (
+            arguments,
+            json.dumps(plan["Plan"], indent=1),
+        )
+
+
+# -- recover_stale_jobs -----------------------------------------------------------------
+
+
+@pytest.fixture
+def long_ago():
+    return db_now() - timedelta(minutes=10)
+
+
+def test_stale_claimed_job_returns_to_pending_with_its_attempt_given_back(make_job, long_ago):
+    stale = make_job(
+        status="claimed", worker_id="w-dead", attempts=2, claimed_at=long_ago, heartbeat_at=long_ago
+    )
+
+    rows = recover(timedelta(minutes=1))
+
+    assert rows == [(stale.id, "tests.noop", "w-dead", "pending", 1)]
+    stale.refresh_from_db()
+    assert (stale.status, stale.attempts, stale.worker_id) == ("pending", 1, None)
+    assert stale.run_at == db_now()
+    assert "w-dead" in stale.last_error
+    assert ids(claim()) == {stale.id}
+
+
+def test_stale_running_job_returns_to_pending_keeping_its_attempt(make_job, long_ago):
+    stale = make_job(
+        status="running",
+        worker_id="w-dead",
+        attempts=1,
+        max_attempts=3,
+        claimed_at=long_ago,
+        started_at=long_ago,
+        heartbeat_at=long_ago,
+    )
+
+    assert recover(timedelta(minutes=1)) == [(stale.id, "tests.noop", "w-dead", "pending", 1)]
+    stale.refresh_from_db()
+    assert (stale.status, stale.attempts, stale.worker_id) == ("pending", 1, None)
+    assert stale.completed_at is None
+
+
+def test_stale_running_job_with_no_attempts_left_fails_naming_the_worker(make_job, long_ago):
+    stale = make_job(
+        status="running",
+        worker_id="host-9:42:dead",
+        attempts=3,
+        max_attempts=3,
+        claimed_at=long_ago,
+        started_at=long_ago,
+        heartbeat_at=long_ago,
+    )
+
+    assert recover(timedelta(minutes=1)) == [
+        (stale.id, "tests.noop", "host-9:42:dead", "failed", 3)
+    ]
+    stale.refresh_from_db()
+    assert (stale.status, stale.attempts) == ("failed", 3)
+    assert stale.completed_at == db_now()
+    assert "host-9:42:dead" in stale.last_error
+    assert "stopped heartbeating" in stale.last_error
+    assert claim() == []
+
+
+def test_stale_claimed_job_with_no_attempts_left_is_given_its_attempt_back(make_job, long_ago):
+    # It was claimed but never started, so the attempt was not really made.
+    stale = make_job(
+        status="claimed",
+        worker_id="w",
+        attempts=3,
+        max_attempts=3,
+        claimed_at=long_ago,
+        heartbeat_at=long_ago,
+    )
+
+    recover(timedelta(minutes=1))
+
+    stale.refresh_from_db()
+    assert (stale.status, stale.attempts) == ("pending", 2)
+
+
+def test_job_never_heartbeated_is_judged_by_its_claim_time(make_job, long_ago):
+    stale = make_job(status="claimed", worker_id="w", attempts=1, claimed_at=long_ago)
+
+    assert [row[0] for row in recover(timedelta(minutes=1))] == [stale.id]
+
+
+def test_jobs_with_a_fresh_heartbeat_are_left_alone(make_job, long_ago):
+    now = db_now()
+    claimed = make_job(
+        status="claimed",
+        worker_id="w",
+        attempts=1,
+        claimed_at=long_ago,
+        heartbeat_at=now - timedelta(seconds=5),
+    )
+    running = make_job(
+        status="running",
+        worker_id="w",
+        attempts=3,
+        max_attempts=3,
+        claimed_at=long_ago,
+        heartbeat_at=now,
+    )
+    before = {job.id: job for job in (claimed, running)}
+
+    assert recover(timedelta(minutes=1)) == []
+    for job in Job.objects.all():
+        assert (job.status, job.attempts, job.worker_id) == (
+            before[job.id].status,
+            before[job.id].attempts,
+            "w",
+        )
+
+
+@pytest.mark.parametrize("status", ["pending", "completed", "failed", "cancelled"])
+def test_jobs_not_held_by_a_worker_are_never_recovered(make_job, long_ago, status):
+    make_job(status=status, created_at=long_ago, heartbeat_at=long_ago, claimed_at=long_ago)
+
+    assert recover(timedelta(minutes=1)) == []
