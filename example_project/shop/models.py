@@ -1,0 +1,44 @@
+"""The shop's business rows. Jobs refer to them by id: payloads carry references."""
+
+from django.db import models
+
+
+class Customer(models.Model):
+    """Someone who signed up; the welcome email is sent by a job."""
+
+    email = models.EmailField(unique=True)
+    name = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    welcomed_at = models.DateTimeField(null=True, blank=True)
+    followed_up_at = models.DateTimeField(null=True, blank=True)
+    crm_synced_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("-created_at",)
+
+    def __str__(self) -> str:
+        return self.email
+
+
+class ThumbnailStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    READY = "ready", "Ready"
+    FAILED = "failed", "Failed"
+
+
+class ProductPhoto(models.Model):
+    """An uploaded product photo; its thumbnail is made by a job."""
+
+    title = models.CharField(max_length=200)
+    image = models.FileField(upload_to="photos/")
+    thumbnail = models.FileField(upload_to="thumbnails/", blank=True)
+    thumbnail_status = models.CharField(
+        max_length=16, choices=ThumbnailStatus.choices, default=ThumbnailStatus.PENDING
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ("-created_at",)
+
+    def __str__(self) -> str:
+        return self.title

@@ -1,0 +1,57 @@
+"""The shop's write operations. Each one writes its rows and enqueues its jobs in one
+transaction: both happen, or neither does.
+
+Views, management commands and the demo all go through these functions.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.core.files import File
+from django.db import transaction
+
+import django_pgqueue
+
+from .jobs import make_thumbnail, send_follow_up_email, send_welcome_email
+from .models import Customer, ProductPhoto
+
+FOLLOW_UP_DELAY = timedelta(days=1)
+
+
+def sign_up(email: str, name: str = "") -> tuple[Customer, list[django_pgqueue.Job]]:
+    """Create a customer and enqueue their welcome email and, a day later, the follow-up.
+
+    Returns the customer and the jobs. Called inside an outer ``transaction.atomic``
+    that rolls back, neither the customer nor the jobs remain.
+    """
+    with transaction.atomic():
+        customer = Customer.objects.create(email=email, name=name)
+        jobs = django_pgqueue.enqueue_many(
+            [
+                {"job_type": send_welcome_email.job_type, "data": {"customer_id": customer.pk}},
+                {
+                    "job_type": send_follow_up_email.job_type,
+                    "data": {"customer_id": customer.pk},
+                    "delay": FOLLOW_UP_DELAY,
+                },
+            ]
+        )
+    return customer, jobs
+
+
+def add_photo(title: str, image: File) -> tuple[ProductPhoto, django_pgqueue.Job]:
+    """Store an uploaded photo and enqueue the job that makes its thumbnail."""
+    photo = ProductPhoto(title=title, image=image)
+    stored = ""
+    try:
+        with transaction.atomic():
+            photo.save()  # writes the file to storage at once; the row waits for the commit
+            stored = photo.image.name
+            job = make_thumbnail.enqueue({"photo_id": photo.pk})
+    except BaseException:
+        # Files are not transactional: remove the one a rolled-back upload left behind.
+        if stored:
+            photo.image.storage.delete(stored)
+        raise
+    return photo, job
