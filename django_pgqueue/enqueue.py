@@ -24,9 +24,11 @@ _COLUMNS = "id, job_type, queue, priority, data, run_at, max_attempts"
 
 _INSERT_MANY = f"""
 WITH inserted AS (
-    INSERT INTO pgqueue_jobs ({_COLUMNS})
+    INSERT INTO pgqueue_jobs ({_COLUMNS}, created_at)
     SELECT t.id, t.job_type, t.queue, t.priority, t.data::jsonb,
-           COALESCE(t.run_at, now() + t.delay * interval '1 second'), t.max_attempts
+           COALESCE(t.run_at, now() + t.delay * interval '1 second'), t.max_attempts,
+           -- Rows get increasing times in input order: FIFO within one call too.
+           clock_timestamp()
       FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::int[], %s::text[],
                   %s::timestamptz[], %s::float8[], %s::int[])
            AS t(id, job_type, queue, priority, data, run_at, delay, max_attempts)

@@ -99,6 +99,8 @@ class Job(models.Model):
     max_attempts = models.IntegerField(db_default=3)
     last_error = models.TextField(blank=True, db_default="")
     last_traceback = models.TextField(blank=True, db_default="")
+    #: The worker of every attempt, oldest first (``claim_job_batch`` appends to it).
+    worker_ids = models.JSONField(default=list, db_default=Value([], models.JSONField()))
 
     objects: ClassVar[JobQuerySet] = JobQuerySet.as_manager()  # type: ignore[assignment]
 
@@ -163,10 +165,15 @@ class Job(models.Model):
         if not isinstance(percent, int) or isinstance(percent, bool) or not 0 <= percent <= 100:
             raise InvalidJobError("percent", f"must be an integer from 0 to 100, got {percent!r}")
         if stage is not None and (
-            not isinstance(stage, str) or len(stage) > conf.STAGE_MAX_LENGTH or "\x00" in stage
+            not isinstance(stage, str)
+            or len(stage) > conf.STAGE_MAX_LENGTH
+            or "\x00" in stage
+            or not stage.encode(errors="ignore").decode() == stage
         ):
             raise InvalidJobError(
-                "stage", f"must be a string of at most {conf.STAGE_MAX_LENGTH} characters"
+                "stage",
+                f"must be text of at most {conf.STAGE_MAX_LENGTH} characters, "
+                "without NUL characters or lone surrogates",
             )
         write_progress(self, percent, stage)
         self.progress = percent
@@ -201,7 +208,7 @@ class Job(models.Model):
     def from_row(cls, columns: list[str], row: tuple[Any, ...], using: str) -> Job:
         """Build a ``Job`` from a raw ``pgqueue_jobs`` row, decoding JSON columns."""
         by_name = dict(zip(columns, row, strict=True))
-        for name in ("data", "result"):
+        for name in ("data", "result", "worker_ids"):
             if isinstance(by_name.get(name), str):
                 by_name[name] = _json_field.from_db_value(by_name[name], None, None)
         attnames = [f.attname for f in cls._meta.concrete_fields]
@@ -209,3 +216,26 @@ class Job(models.Model):
 
 
 _json_field = models.JSONField()
+
+
+class WorkerRecord(models.Model):
+    """A worker process, as it last reported itself (one row per worker start)."""
+
+    worker_id = models.CharField(max_length=255, primary_key=True)
+    hostname = models.CharField(max_length=255)
+    pid = models.IntegerField()
+    queues = models.JSONField(null=True, blank=True, help_text="null: every queue")
+    job_types = models.JSONField(null=True, blank=True, help_text="null: every job type")
+    concurrency = models.IntegerField()
+    started_at = models.DateTimeField(db_default=Now())
+    heartbeat_at = models.DateTimeField(db_default=Now())
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "pgqueue_workers"
+        ordering = ("-heartbeat_at",)
+        verbose_name = _("worker")
+        verbose_name_plural = _("workers")
+
+    def __str__(self) -> str:
+        return self.worker_id

@@ -16,6 +16,9 @@ def _open(alias: str) -> Any:
     wrapper = connections[alias]
     conn = wrapper.get_new_connection(wrapper.get_connection_params())
     conn.autocommit = True
+    # A progress write that waits on a row lock held by the caller's own transaction
+    # would wait forever: fail after a while instead.
+    conn.execute("SET lock_timeout = '10s'")
     return conn
 
 

@@ -22,6 +22,9 @@ def settings_from(**values):
 
 def test_without_pgqueue_every_default_applies(settings):
     del settings.PGQUEUE
+    # Deleting a setting sends no setting_changed signal (Django only sends it on
+    # override), so the cached value must be dropped by hand here.
+    conf.get_settings.cache_clear()
 
     assert conf.get_settings() == PgQueueSettings()
     assert conf.get_settings().DATABASE == "default"
@@ -76,6 +79,7 @@ def test_invalid_durations_are_rejected_naming_the_key(value):
         ("DATABASE", ""),
         ("DATABASE", None),
         ("DEFAULT_QUEUE", 5),
+        ("DEFAULT_QUEUE", "has space"),
         ("NOTIFY_CHANNEL", "Jobs-Channel"),
         ("NOTIFY_CHANNEL", "jobs; DROP TABLE pgqueue_jobs"),
         ("NOTIFY_CHANNEL", "x" * 64),

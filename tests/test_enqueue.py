@@ -254,6 +254,14 @@ def test_enqueue_many_returns_jobs_in_input_order():
     assert [job.priority for job in jobs] == [spec["priority"] for spec in specs]
 
 
+def test_enqueue_many_keeps_input_order_as_claim_order_among_equal_priorities():
+    jobs = enqueue_many([{"job_type": "tests.record", "data": {"i": i}} for i in range(30)])
+
+    created = [job.created_at for job in jobs]
+    assert created == sorted(created)
+    assert len(set(created)) == len(created)
+
+
 def test_enqueue_many_applies_defaults_and_schedule_per_spec():
     when = datetime(2031, 1, 1, tzinfo=UTC)
 

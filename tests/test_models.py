@@ -86,7 +86,9 @@ def test_set_progress_rejects_a_percent_outside_0_to_100(percent, make_job):
     assert (job.progress, job.events_count) == (0, 0)
 
 
-@pytest.mark.parametrize("stage", ["s" * 201, 5, "nul\x00"], ids=["too-long", "int", "nul"])
+@pytest.mark.parametrize(
+    "stage", ["s" * 201, 5, "nul\x00", "half \ud800"], ids=["too-long", "int", "nul", "surrogate"]
+)
 def test_set_progress_rejects_an_invalid_stage(stage, make_job):
     job = make_job(status="running", worker_id="w")
 

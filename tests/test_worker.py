@@ -11,7 +11,7 @@ from django.utils import timezone
 
 import django_pgqueue
 from django_pgqueue import enqueue, enqueue_many
-from django_pgqueue.models import Job, JobStatus
+from django_pgqueue.models import Job, JobStatus, WorkerRecord
 from django_pgqueue.worker import Worker
 from tests.testapp.models import Execution
 from tests.workers import wait_for, worker_thread
@@ -45,8 +45,30 @@ def test_completed_job_records_progress_worker_and_times():
     assert job.status == JobStatus.COMPLETED
     assert job.progress == 100
     assert job.worker_id == "w-1"
+    assert job.worker_ids == ["w-1"]
     assert job.attempts == 1
     assert job.claimed_at <= job.started_at <= job.completed_at
+
+
+def test_worker_records_itself_while_running_and_its_stop():
+    with worker_thread(worker_id="recorded", concurrency=3, queues=["emails"]):
+        record = wait_for(lambda: WorkerRecord.objects.filter(worker_id="recorded").first())
+        assert record.queues == ["emails"]
+        assert record.job_types is None
+        assert record.concurrency == 3
+        assert record.stopped_at is None
+    record.refresh_from_db()
+    assert record.stopped_at is not None
+
+
+def test_a_claimed_job_that_is_cancelled_before_it_starts_never_runs():
+    job = enqueue("tests.record", delay=0.3)
+    Job.objects.filter(pk=job.pk).update(cancel_requested_at=timezone.now())
+    wait_for(lambda: timezone.now() >= job.run_at)
+    Worker(burst=True).run()
+    job.refresh_from_db()
+    assert job.status == JobStatus.CANCELLED
+    assert not Execution.objects.exists()
 
 
 def test_return_value_is_stored_as_result():

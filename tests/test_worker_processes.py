@@ -50,6 +50,7 @@ def test_job_of_a_killed_worker_is_completed_by_another_worker(workers):
 
     assert job.worker_id == "rescuer"
     assert job.attempts == 2
+    assert job.worker_ids == ["doomed", "rescuer"]
     assert "worker doomed stopped heartbeating" in job.last_error
     # The killed attempt's transaction never committed: exactly one execution is on record.
     assert list(Execution.objects.values_list("worker_id", flat=True)) == ["rescuer"]

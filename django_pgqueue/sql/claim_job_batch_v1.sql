@@ -3,7 +3,8 @@
 -- The CTE walks idx_jobs_claimable in claim order (priority DESC, created_at ASC),
 -- filters on run_at/queue/job_type inside the index, and locks rows with
 -- SKIP LOCKED so concurrent workers never block on, or receive, the same job.
--- The UPDATE then marks the rows claimed in the same statement.
+-- The UPDATE then marks the rows claimed in the same statement, and records the
+-- worker of this attempt in worker_ids.
 --
 -- NULL p_job_types or p_queues means "any". plan_cache_mode = force_custom_plan lets
 -- the planner see the actual arguments, so "NULL means any" folds away and the
@@ -45,7 +46,8 @@ BEGIN
            worker_id = p_worker_id,
            claimed_at = now(),
            heartbeat_at = now(),
-           attempts = jobs.attempts + 1
+           attempts = jobs.attempts + 1,
+           worker_ids = jobs.worker_ids || to_jsonb(p_worker_id)
       FROM due
      WHERE jobs.id = due.id
     RETURNING jobs.*;

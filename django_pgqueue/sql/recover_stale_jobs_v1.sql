@@ -30,6 +30,8 @@ AS $$
                          THEN 'failed' ELSE 'pending' END,
            attempts = CASE WHEN stale.status = 'claimed'
                            THEN greatest(jobs.attempts - 1, 0) ELSE jobs.attempts END,
+           worker_ids = CASE WHEN stale.status = 'claimed'
+                             THEN jobs.worker_ids - (-1) ELSE jobs.worker_ids END,
            completed_at = CASE WHEN stale.status = 'running' AND stale.exhausted
                                THEN now() END,
            worker_id = NULL,

@@ -50,6 +50,8 @@ class Heartbeat(threading.Thread):
                     if time.monotonic() >= next_recovery:
                         next_recovery = time.monotonic() + self._recover_interval
                         recover_stale_jobs(self._stale_after, using=self._alias)
+                        with connections[self._alias].cursor() as cursor:
+                            cursor.execute(queries.FORGET_OLD_WORKERS)
                 except DatabaseError as exc:
                     logger.warning("heartbeat failed (%s); retrying in %.1fs", exc, self._interval)
                     connections[self._alias].close()
@@ -64,9 +66,10 @@ class Heartbeat(threading.Thread):
         # Snapshot before the query: a job claimed after it cannot be mistaken for lost.
         held = {running.job.id: running for running in self._held_jobs()}
         ids = [*held, *self._unflushed_job_ids()]
-        if not ids:
-            return
         with connections[self._alias].cursor() as cursor:
+            cursor.execute(queries.WORKER_HEARTBEAT, [self._worker_id])
+            if not ids:
+                return
             cursor.execute(queries.HEARTBEAT, [ids, self._worker_id])
             rows = cursor.fetchall()
         still_ours = set()

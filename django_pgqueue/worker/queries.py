@@ -24,6 +24,7 @@ UPDATE pgqueue_jobs AS jobs
                      THEN now() + o.delay * interval '1 second' ELSE jobs.run_at END,
        worker_id = CASE WHEN o.status = 'pending' THEN NULL ELSE jobs.worker_id END,
        attempts = jobs.attempts - o.refund,
+       worker_ids = CASE WHEN o.refund > 0 THEN jobs.worker_ids - (-1) ELSE jobs.worker_ids END,
        last_error = COALESCE(o.error, jobs.last_error),
        last_traceback = COALESCE(o.traceback, jobs.last_traceback),
        result = o.result::jsonb
@@ -42,4 +43,23 @@ UPDATE pgqueue_jobs
    SET heartbeat_at = now()
  WHERE id = ANY(%s::uuid[]) AND worker_id = %s AND status IN ('claimed', 'running')
 RETURNING id, cancel_requested_at IS NOT NULL
+"""
+
+REGISTER_WORKER = """
+INSERT INTO pgqueue_workers
+       (worker_id, hostname, pid, queues, job_types, concurrency, started_at, heartbeat_at)
+VALUES (%s, %s, %s, %s::jsonb, %s::jsonb, %s, now(), now())
+ON CONFLICT (worker_id) DO UPDATE
+   SET heartbeat_at = now(), stopped_at = NULL
+"""
+
+WORKER_HEARTBEAT = "UPDATE pgqueue_workers SET heartbeat_at = now() WHERE worker_id = %s"
+
+WORKER_STOPPED = (
+    "UPDATE pgqueue_workers SET stopped_at = now(), heartbeat_at = now() WHERE worker_id = %s"
+)
+
+# Rows of workers gone for a day are only history: keep the table small.
+FORGET_OLD_WORKERS = """
+DELETE FROM pgqueue_workers WHERE heartbeat_at < now() - interval '1 day'
 """

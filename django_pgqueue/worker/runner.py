@@ -8,6 +8,7 @@ heartbeat thread keeps held jobs alive; a listener thread turns NOTIFY into wake
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import queue
@@ -120,12 +121,14 @@ class Worker:
             self.concurrency,
             self.batch_size,
         )
+        self._register()
         slots = SlotPool(self.concurrency, self.using, self._on_job_done)
         threads = self._start_threads()
         try:
             self._loop(slots)
         finally:
             self._drain_and_release()
+            self._mark_stopped()
             slots.stop()
             self._threads_stopping.set()
             for thread in threads:
@@ -133,6 +136,37 @@ class Worker:
             connections[self.using].close()
         logger.info("worker %s stopped after %d job(s)", self.worker_id, self.processed)
         return 0
+
+    def _register(self) -> None:
+        """Record this worker in ``pgqueue_workers`` (retrying while the database is down)."""
+        params = [
+            self.worker_id,
+            socket.gethostname(),
+            os.getpid(),
+            json.dumps(self.queues),
+            json.dumps(self.job_types),
+            self.concurrency,
+        ]
+        failures = 0
+        while True:
+            try:
+                with connections[self.using].cursor() as cursor:
+                    cursor.execute(queries.REGISTER_WORKER, params)
+                return
+            except (DatabaseError, InterfaceError) as exc:
+                failures += 1
+                delay = min(0.5 * 2 ** (failures - 1), 30.0)
+                logger.error("cannot reach the database (%s); retrying in %.1fs", exc, delay)
+                connections[self.using].close()
+                if self._stopping.wait(delay):
+                    return
+
+    def _mark_stopped(self) -> None:
+        try:
+            with connections[self.using].cursor() as cursor:
+                cursor.execute(queries.WORKER_STOPPED, [self.worker_id])
+        except (DatabaseError, InterfaceError) as exc:
+            logger.warning("could not record the worker's stop (%s)", exc)
 
     # -- main loop ----------------------------------------------------------------------
 
