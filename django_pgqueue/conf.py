@@ -106,14 +106,14 @@ def _validate(raw: dict[str, Any]) -> PgQueueSettings:
         )
     if result.MAX_PAYLOAD_BYTES < 2:
         raise SettingsError("PGQUEUE['MAX_PAYLOAD_BYTES'] must be at least 2 (the size of {})")
-    from .exceptions import InvalidJobError
+    from .exceptions import InvalidArgumentError
     from .validation import queue
 
     try:
         queue(result.DEFAULT_QUEUE, "PGQUEUE['DEFAULT_QUEUE']")
-    except InvalidJobError as exc:
+    except InvalidArgumentError as exc:
         raise SettingsError(str(exc)) from None
-    if not _CHANNEL_RE.match(result.NOTIFY_CHANNEL):
+    if not _CHANNEL_RE.fullmatch(result.NOTIFY_CHANNEL):
         raise SettingsError(
             "PGQUEUE['NOTIFY_CHANNEL'] must be a lower-case SQL identifier "
             f"(letters, digits, underscores), got {result.NOTIFY_CHANNEL!r}"

@@ -9,8 +9,8 @@ class PgQueueError(Exception):
     """Base class of every error django-pgqueue raises."""
 
 
-class InvalidJobError(PgQueueError, ValueError):
-    """A job was rejected before anything was written.
+class InvalidArgumentError(PgQueueError, ValueError):
+    """An argument was rejected before anything was written or started.
 
     ``field`` names the offending argument (``"data"``, ``"priority"``, ...).
     """
@@ -18,6 +18,14 @@ class InvalidJobError(PgQueueError, ValueError):
     def __init__(self, field: str, message: str) -> None:
         self.field = field
         super().__init__(f"{field}: {message}")
+
+
+class InvalidJobError(InvalidArgumentError):
+    """A job was rejected before anything was written (bad ``enqueue`` arguments)."""
+
+
+class InvalidWorkerOptionError(InvalidArgumentError):
+    """A worker option (concurrency, queues, ...) is invalid; nothing was started."""
 
 
 class JobRegistrationError(PgQueueError):

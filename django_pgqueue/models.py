@@ -6,7 +6,7 @@ import threading
 from typing import Any, ClassVar
 
 from django.contrib.postgres.functions import RandomUUID
-from django.db import models
+from django.db import connections, models
 from django.db.models import Q, Value
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
@@ -49,7 +49,9 @@ class JobQuerySet(models.QuerySet["Job"]):
 
     def retry(self) -> int:
         """Put failed or cancelled jobs back to pending, due now, with attempts reset."""
-        return self.filter(status__in=(JobStatus.FAILED, JobStatus.CANCELLED)).update(
+        eligible = self.filter(status__in=(JobStatus.FAILED, JobStatus.CANCELLED))
+        queues = _queues_of(eligible)
+        changed = eligible.update(
             status=JobStatus.PENDING,
             attempts=0,
             run_at=Now(),
@@ -60,11 +62,34 @@ class JobQuerySet(models.QuerySet["Job"]):
             completed_at=None,
             cancel_requested_at=None,
             progress=0,
+            worker_ids=[],
         )
+        _notify(self.db, queues if changed else [])
+        return changed
 
     def run_now(self) -> int:
         """Make delayed pending jobs due immediately."""
-        return self.filter(status=JobStatus.PENDING, run_at__gt=Now()).update(run_at=Now())
+        eligible = self.filter(status=JobStatus.PENDING, run_at__gt=Now())
+        queues = _queues_of(eligible)
+        changed = eligible.update(run_at=Now())
+        _notify(self.db, queues if changed else [])
+        return changed
+
+
+def _queues_of(jobs: models.QuerySet[Job]) -> list[str]:
+    return list(jobs.order_by().values_list("queue", flat=True).distinct())
+
+
+def _notify(using: str, queues: list[str]) -> None:
+    """Wake idle workers of ``queues`` (on commit, like ``enqueue`` does)."""
+    settings = conf.get_settings()
+    if not queues or not settings.NOTIFY:
+        return
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_notify(%s, queue) FROM unnest(%s::text[]) AS queue",
+            [settings.NOTIFY_CHANNEL, queues],
+        )
 
 
 class Job(models.Model):
@@ -154,11 +179,13 @@ class Job(models.Model):
     def is_finished(self) -> bool:
         return self.status in FINISHED
 
-    def set_progress(self, percent: int, stage: str | None = None) -> None:
+    def set_progress(self, percent: int, stage: str | None = None) -> bool:
         """Record progress (0-100) and optionally the current stage, visible at once.
 
         The write is committed immediately, outside any transaction the handler is in,
-        so the admin shows it while the job is still running.
+        so the admin shows it while the job is still running. Returns False, writing
+        nothing, when the job is no longer claimed or running by this job's worker (it
+        finished, or recovery gave it to another worker).
         """
         from .progress import write_progress
 
@@ -175,11 +202,13 @@ class Job(models.Model):
                 f"must be text of at most {conf.STAGE_MAX_LENGTH} characters, "
                 "without NUL characters or lone surrogates",
             )
-        write_progress(self, percent, stage)
+        if not write_progress(self, percent, stage):
+            return False
         self.progress = percent
         if stage is not None:
             self.current_stage = stage
         self.events_count += 1
+        return True
 
     def is_cancel_requested(self) -> bool:
         """Tell whether someone asked to cancel this job while it runs.

@@ -1,5 +1,6 @@
-"""Autocommit side connections, for writes that must be visible before the caller's
-transaction ends (progress updates from inside an atomic handler)."""
+"""Connections of our own, outside Django's per-thread connection handling: autocommit
+side connections for writes that must be visible before the caller's transaction ends
+(progress updates from inside an atomic handler), and the worker's LISTEN connection."""
 
 from __future__ import annotations
 
@@ -7,45 +8,58 @@ import threading
 from typing import Any
 
 import psycopg
-from django.db import connections
+from django.db import DatabaseError, OperationalError, connections
 
 _local = threading.local()
 
 
-def _open(alias: str) -> Any:
-    wrapper = connections[alias]
-    conn = wrapper.get_new_connection(wrapper.get_connection_params())
+def open_raw_connection(alias: str) -> psycopg.Connection[Any]:
+    """A new autocommit psycopg connection with the settings of database ``alias``.
+
+    Opened directly, never taken from Django's connection pool (``OPTIONS["pool"]``):
+    these connections live outside the pool's accounting.
+    """
+    params = connections[alias].get_connection_params()
+    conn = psycopg.Connection.connect(**params)
     conn.autocommit = True
-    # A progress write that waits on a row lock held by the caller's own transaction
-    # would wait forever: fail after a while instead.
-    conn.execute("SET lock_timeout = '10s'")
     return conn
 
 
 def execute_autocommit(alias: str, sql: str, params: tuple[Any, ...]) -> int:
     """Run one statement on this thread's side connection to ``alias``; return rowcount.
 
-    The connection is opened on first use and reopened once if it was broken.
+    The connection is opened on first use and reopened once if it was broken. Errors are
+    raised as Django's ``DatabaseError`` subclasses, like any other query's.
     """
     pool: dict[str, Any] = _local.__dict__.setdefault("connections", {})
     for attempt in (1, 2):
         conn = pool.get(alias)
-        if conn is None or conn.closed:
-            conn = pool[alias] = _open(alias)
         try:
+            if conn is None or conn.closed:
+                conn = pool[alias] = open_raw_connection(alias)
+                # A write that waits on a row lock held by the caller's own transaction
+                # would wait forever: fail after a while instead.
+                conn.execute("SET lock_timeout = '10s'")
             with conn.cursor() as cursor:
                 cursor.execute(sql, params)
                 return cursor.rowcount
-        except psycopg.OperationalError:
-            pool.pop(alias, None)
-            conn.close()
-            if attempt == 2:
-                raise
+        except psycopg.OperationalError as exc:
+            broken = conn is None or conn.broken or conn.closed
+            if broken:
+                pool.pop(alias, None)
+            if not broken or attempt == 2:
+                raise OperationalError(str(exc)) from exc
+        except psycopg.Error as exc:
+            raise DatabaseError(str(exc)) from exc
     raise AssertionError("unreachable")
 
 
-def close_side_connections() -> None:
-    """Close this thread's side connections (workers call it when a thread ends)."""
+def close_side_connections(**kwargs: Any) -> None:
+    """Close this thread's side connections.
+
+    Worker threads call it when they end; it is also connected to ``request_finished``,
+    so a ``set_progress`` from a view does not leave a connection behind.
+    """
     pool: dict[str, Any] = _local.__dict__.get("connections", {})
     while pool:
         _, conn = pool.popitem()

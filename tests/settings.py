@@ -1,5 +1,8 @@
 """Settings for the test suite: a real PostgreSQL from ``DATABASE_URL``."""
 
+import json
+import os
+
 import environ
 
 env = environ.Env()
@@ -64,6 +67,8 @@ PGQUEUE = {
     "STALE_AFTER": 3,
     "RECOVER_INTERVAL": 1,
     "SHUTDOWN_GRACE": 5,
+    # Worker processes started by tests may be given other values through the environment.
+    **json.loads(os.environ.get("PGQUEUE_TEST_SETTINGS", "{}")),
 }
 
 LOGGING = {

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from django.db import IntegrityError, connection, transaction
 
-from django_pgqueue import InvalidJobError, enqueue
+from django_pgqueue import InvalidJobError
 from django_pgqueue.models import Job
 
 pytestmark = pytest.mark.django_db
@@ -30,9 +30,9 @@ def progress_seen_by(other_connection, job):
 
 @pytest.mark.django_db(transaction=True)
 def test_set_progress_is_visible_to_others_while_the_caller_is_inside_a_transaction(
-    other_connection,
+    other_connection, make_job
 ):
-    job = enqueue("tests.progress")
+    job = make_job(status="running", worker_id="w")
 
     with transaction.atomic():
         job.set_progress(40, "resizing")
@@ -40,8 +40,8 @@ def test_set_progress_is_visible_to_others_while_the_caller_is_inside_a_transact
 
 
 @pytest.mark.django_db(transaction=True)
-def test_set_progress_survives_the_rollback_of_the_callers_transaction(other_connection):
-    job = enqueue("tests.progress")
+def test_set_progress_survives_the_rollback_of_the_callers_transaction(other_connection, make_job):
+    job = make_job(status="running", worker_id="w")
 
     with pytest.raises(RuntimeError), transaction.atomic():
         job.set_progress(75, "uploading")
@@ -51,8 +51,8 @@ def test_set_progress_survives_the_rollback_of_the_callers_transaction(other_con
 
 
 @pytest.mark.django_db(transaction=True)
-def test_set_progress_outside_a_transaction_is_visible_at_once(other_connection):
-    job = enqueue("tests.progress")
+def test_set_progress_outside_a_transaction_is_visible_at_once(other_connection, make_job):
+    job = make_job(status="running", worker_id="w")
 
     job.set_progress(10, "start")
 
@@ -60,8 +60,10 @@ def test_set_progress_outside_a_transaction_is_visible_at_once(other_connection)
 
 
 @pytest.mark.django_db(transaction=True)
-def test_set_progress_counts_events_and_keeps_the_stage_when_none_is_given(other_connection):
-    job = enqueue("tests.progress")
+def test_set_progress_counts_events_and_keeps_the_stage_when_none_is_given(
+    other_connection, make_job
+):
+    job = make_job(status="running", worker_id="w")
 
     with transaction.atomic():
         job.set_progress(10, "download")
@@ -70,6 +72,23 @@ def test_set_progress_counts_events_and_keeps_the_stage_when_none_is_given(other
 
     assert progress_seen_by(other_connection, job) == (30, "download", 3)
     assert (job.progress, job.current_stage, job.events_count) == (30, "download", 3)
+
+
+@pytest.mark.parametrize("status", ["pending", "completed", "failed", "cancelled"])
+def test_set_progress_of_a_job_not_claimed_or_running_writes_nothing(status, make_job):
+    job = make_job(status=status)
+
+    assert job.set_progress(50, "late") is False
+
+    job.refresh_from_db()
+    assert (job.progress, job.current_stage, job.events_count) == (0, "", 0)
+
+
+def test_set_progress_from_a_worker_that_lost_the_job_writes_nothing(make_job):
+    job = make_job(status="running", worker_id="old-worker")
+    Job.objects.filter(pk=job.pk).update(worker_id="new-worker")
+
+    assert job.set_progress(50) is False
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,8 @@ from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
-import django_pgqueue
 from django_pgqueue import enqueue, enqueue_many
+from django_pgqueue.exceptions import InvalidWorkerOptionError
 from django_pgqueue.models import Job, JobStatus, WorkerRecord
 from django_pgqueue.worker import Worker
 from tests.testapp.models import Execution
@@ -254,12 +254,60 @@ def test_outcomes_of_many_jobs_are_written_in_few_statements():
 
 
 def test_worker_rejects_invalid_options():
-    with pytest.raises(django_pgqueue.InvalidJobError, match="concurrency"):
+    with pytest.raises(InvalidWorkerOptionError, match="concurrency"):
         Worker(concurrency=0)
-    with pytest.raises(django_pgqueue.InvalidJobError, match="batch_size"):
+    with pytest.raises(InvalidWorkerOptionError, match="batch_size"):
         Worker(batch_size=100_000)
-    with pytest.raises(django_pgqueue.InvalidJobError, match="queues"):
+    with pytest.raises(
+        InvalidWorkerOptionError, match="queues: 'bad queue; drop' is not a valid queue name"
+    ):
         Worker(queues=["bad queue; drop"])
+    with pytest.raises(InvalidWorkerOptionError, match="poll_interval"):
+        Worker(poll_interval=0)
+
+
+def test_a_handler_calling_sys_exit_fails_its_job_and_the_slot_goes_on():
+    exiting = enqueue("tests.exits")
+    after = enqueue("tests.record", priority=1)
+    Worker(concurrency=1, burst=True).run()
+    exiting.refresh_from_db()
+    assert exiting.status == JobStatus.FAILED
+    assert exiting.last_error == "SystemExit: 3"
+    assert status_of(after) == JobStatus.COMPLETED
+
+
+def test_running_a_worker_in_the_main_thread_restores_the_signal_handlers():
+    import signal
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    Worker(burst=True).run()
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_set_progress_of_a_job_no_longer_held_writes_nothing():
+    job = enqueue("tests.record")
+    Worker(burst=True, worker_id="w-done").run()
+    job.refresh_from_db()
+    assert job.set_progress(10, "too late") is False
+    job.refresh_from_db()
+    assert (job.progress, job.current_stage) == (100, "")
+
+
+def test_retry_and_run_now_wake_idle_workers():
+    from django_pgqueue.sideconn import open_raw_connection
+
+    failed = enqueue("tests.fail_now", queue="repairs")
+    Worker(burst=True).run()
+    delayed = enqueue("tests.record", queue="later", delay=timedelta(hours=1))
+    listener = open_raw_connection("default")
+    try:
+        listener.execute("LISTEN pgqueue_jobs")
+        assert failed.retry() is True
+        assert Job.objects.filter(pk=delayed.pk).run_now() == 1
+        payloads = {n.payload for n in listener.notifies(timeout=2, stop_after=2)}
+    finally:
+        listener.close()
+    assert payloads == {"repairs", "later"}
 
 
 def _listener(worker):

@@ -124,6 +124,18 @@ def test_invalid_worker_options_are_reported_without_a_traceback(workers):
     assert "Traceback" not in worker.output()
 
 
+def test_misconfigured_pgqueue_is_reported_by_the_system_check_not_a_traceback():
+    worker = WorkerProcess(env={"PGQUEUE_TEST_SETTINGS": '{"POLL_INTERVAL": 0}'})
+    try:
+        assert worker.wait() == 1
+        output = worker.output()
+    finally:
+        worker.stop()
+    assert "django_pgqueue.E001" in output
+    assert "POLL_INTERVAL" in output
+    assert "Traceback" not in output
+
+
 def _make_stale(job, seconds=60):
     Job.objects.filter(pk=job.pk).update(
         status=JobStatus.RUNNING,

@@ -46,6 +46,9 @@ class RunningJob:
     deadline: float | None = None
     cancel_event: threading.Event = field(default_factory=threading.Event)
     thread_id: int | None = None
+    # Held while a timeout is injected and while the handler's thread lets go of the job:
+    # an injected JobTimeout therefore always surfaces inside execute().
+    thread_lock: threading.Lock = field(default_factory=threading.Lock)
     timeout_signalled_at: float | None = None
     abandoned: bool = False
     outcome: Outcome | None = None
@@ -88,7 +91,7 @@ def timeout_outcome(running: RunningJob) -> Outcome:
         f"JobTimeout: ran past its timeout of {timeout:g}s and did not stop when "
         "interrupted; the thread was abandoned"
     )
-    return _retry_or_fail(running, error, None, None)
+    return _retry_or_fail(running, error, "", None)
 
 
 def _result_json(value: Any) -> tuple[str | None, str | None]:
@@ -113,19 +116,19 @@ def execute(running: RunningJob, alias: str) -> Outcome:
     job._cancel_event = running.cancel_event
     running.thread_id = threading.get_ident()
     try:
-        if definition.atomic:
-            with transaction.atomic(using=alias):
+        try:
+            if definition.atomic:
+                with transaction.atomic(using=alias):
+                    value = definition(job)
+            else:
                 value = definition(job)
-        else:
-            value = definition(job)
-    except BaseException as exc:  # a handler's failure must never kill the slot
-        if isinstance(exc, KeyboardInterrupt | SystemExit):
-            raise
+        finally:
+            with running.thread_lock:
+                running.thread_id = None
+    except BaseException as exc:  # even sys.exit() in a handler must not kill the slot
         outcome = failure_outcome(running, exc)
         _reset_broken_connections()
         return outcome
-    finally:
-        running.thread_id = None
     result, note = _result_json(value)
     return Outcome(job.id, "completed", result=result, error=note)
 
@@ -156,11 +159,11 @@ def interrupt(running: RunningJob) -> bool:
     """
     import ctypes
 
-    thread_id = running.thread_id
     running.timeout_signalled_at = time.monotonic()
-    if thread_id is None:
-        return False
-    changed = ctypes.pythonapi.PyThreadState_SetAsyncExc(
-        ctypes.c_ulong(thread_id), ctypes.py_object(JobTimeout)
-    )
+    with running.thread_lock:
+        if running.thread_id is None:
+            return False
+        changed = ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(running.thread_id), ctypes.py_object(JobTimeout)
+        )
     return bool(changed)

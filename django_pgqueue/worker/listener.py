@@ -12,8 +12,9 @@ import threading
 from collections.abc import Iterable
 
 import psycopg
-from django.db import connections
 from psycopg import sql
+
+from ..sideconn import open_raw_connection
 
 logger = logging.getLogger("django_pgqueue.worker")
 
@@ -51,10 +52,8 @@ class NotificationListener(threading.Thread):
                 delay = min(delay * 2, 30.0)
 
     def _listen(self) -> None:
-        wrapper = connections[self._alias]
-        conn = wrapper.get_new_connection(wrapper.get_connection_params())
+        conn = open_raw_connection(self._alias)
         try:
-            conn.autocommit = True
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
             self.listening.set()
             # Wake once on (re)connect: jobs may have arrived while we were not listening.

@@ -50,7 +50,9 @@ INSERT INTO pgqueue_workers
        (worker_id, hostname, pid, queues, job_types, concurrency, started_at, heartbeat_at)
 VALUES (%s, %s, %s, %s::jsonb, %s::jsonb, %s, now(), now())
 ON CONFLICT (worker_id) DO UPDATE
-   SET heartbeat_at = now(), stopped_at = NULL
+   SET hostname = EXCLUDED.hostname, pid = EXCLUDED.pid, queues = EXCLUDED.queues,
+       job_types = EXCLUDED.job_types, concurrency = EXCLUDED.concurrency,
+       started_at = now(), heartbeat_at = now(), stopped_at = NULL
 """
 
 WORKER_HEARTBEAT = "UPDATE pgqueue_workers SET heartbeat_at = now() WHERE worker_id = %s"

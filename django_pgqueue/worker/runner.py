@@ -17,6 +17,7 @@ import signal
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from types import FrameType
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 from django.db import DatabaseError, InterfaceError, connections
 
 from .. import conf, registry, validation
-from ..exceptions import InvalidJobError
+from ..exceptions import InvalidArgumentError, InvalidWorkerOptionError
 from ..models import Job
 from . import queries
 from .execution import Outcome, RunningJob, interrupt, timeout_outcome
@@ -70,6 +71,53 @@ class Worker:
         listen: bool | None = None,
     ) -> None:
         settings = conf.get_settings()
+        try:
+            self._configure(
+                settings,
+                queues=queues,
+                job_types=job_types,
+                concurrency=concurrency,
+                batch_size=batch_size,
+                poll_interval=poll_interval,
+                shutdown_grace=shutdown_grace,
+            )
+        except InvalidArgumentError as exc:
+            raise InvalidWorkerOptionError(exc.field, str(exc).split(": ", 1)[1]) from None
+        self.burst = burst
+        self.worker_id = worker_id or default_worker_id()
+        if not self.worker_id or len(self.worker_id) > 255:
+            raise InvalidWorkerOptionError("worker_id", "must be 1 to 255 characters")
+        self.using = using or settings.DATABASE
+        self.listen = settings.NOTIFY if listen is None else listen
+        self._settings = settings
+
+        self._running: dict[Any, RunningJob] = {}
+        self._abandoned: dict[Any, RunningJob] = {}
+        self._finished: queue.SimpleQueue[tuple[RunningJob, Outcome]] = queue.SimpleQueue()
+        self._outcomes: list[Outcome] = []
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._threads_stopping = threading.Event()
+        self._signals_received = 0
+        #: Outcomes recorded so far, by new status ("completed", "pending" for a retry, ...).
+        self.stats: Counter[str] = Counter()
+
+    @property
+    def processed(self) -> int:
+        """How many outcomes this worker recorded (a retried job counts once per attempt)."""
+        return sum(self.stats.values())
+
+    def _configure(
+        self,
+        settings: conf.PgQueueSettings,
+        *,
+        queues: Sequence[str] | None,
+        job_types: Sequence[str] | None,
+        concurrency: int,
+        batch_size: int | None,
+        poll_interval: float | None,
+        shutdown_grace: float | None,
+    ) -> None:
         self.queues = _names(queues, validation.queue, "queues")
         self.job_types = _names(job_types, validation.job_type, "job_types")
         self.concurrency = _bounded_int(concurrency, "concurrency", MAX_CONCURRENCY)
@@ -85,23 +133,6 @@ class Worker:
             settings.SHUTDOWN_GRACE if shutdown_grace is None else shutdown_grace,
             "shutdown_grace",
         )
-        self.burst = burst
-        self.worker_id = worker_id or default_worker_id()
-        if not self.worker_id or len(self.worker_id) > 255:
-            raise InvalidJobError("worker_id", "must be 1 to 255 characters")
-        self.using = using or settings.DATABASE
-        self.listen = settings.NOTIFY if listen is None else listen
-        self._settings = settings
-
-        self._running: dict[Any, RunningJob] = {}
-        self._abandoned: dict[Any, RunningJob] = {}
-        self._finished: queue.SimpleQueue[tuple[RunningJob, Outcome]] = queue.SimpleQueue()
-        self._outcomes: list[Outcome] = []
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
-        self._threads_stopping = threading.Event()
-        self._signals_received = 0
-        self.processed = 0
 
     # -- public control -------------------------------------------------------------
 
@@ -112,7 +143,6 @@ class Worker:
 
     def run(self) -> int:
         """Run until stopped; return the process exit code (0 on a clean stop)."""
-        self._install_signal_handlers()
         logger.info(
             "worker %s starting: queues=%s job_types=%s concurrency=%d batch_size=%d",
             self.worker_id,
@@ -121,6 +151,7 @@ class Worker:
             self.concurrency,
             self.batch_size,
         )
+        previous_handlers = self._install_signal_handlers()
         self._register()
         slots = SlotPool(self.concurrency, self.using, self._on_job_done)
         threads = self._start_threads()
@@ -134,7 +165,14 @@ class Worker:
             for thread in threads:
                 thread.join(timeout=2)
             connections[self.using].close()
-        logger.info("worker %s stopped after %d job(s)", self.worker_id, self.processed)
+            for signum, handler in previous_handlers.items():
+                signal.signal(signum, handler)
+        logger.info(
+            "worker %s stopped: %s",
+            self.worker_id,
+            ", ".join(f"{status}={count}" for status, count in sorted(self.stats.items()))
+            or "no job run",
+        )
         return 0
 
     def _register(self) -> None:
@@ -294,9 +332,10 @@ class Worker:
             )
             written = {row[0] for row in cursor.fetchall()}
         self._outcomes = []
-        self.processed += len(written)
         for outcome in outcomes:
-            if outcome.job_id not in written:
+            if outcome.job_id in written:
+                self.stats[outcome.status] += 1
+            else:
                 logger.warning(
                     "job %s was no longer held by %s (recovered by another worker); "
                     "its outcome %r was not recorded",
@@ -381,11 +420,14 @@ class Worker:
             thread.start()
         return threads
 
-    def _install_signal_handlers(self) -> None:
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        """Handle SIGTERM/SIGINT; return the handlers they replace, to restore them."""
         if threading.current_thread() is not threading.main_thread():
-            return  # signals can only be handled in the main thread (e.g. under tests)
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, self._handle_signal)
+            return {}  # signals can only be handled in the main thread (e.g. under tests)
+        return {
+            signum: signal.signal(signum, self._handle_signal)
+            for signum in (signal.SIGTERM, signal.SIGINT)
+        }
 
     def _handle_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals_received += 1
@@ -414,8 +456,10 @@ def _log_outcome(job: Job, outcome: Outcome) -> None:
             outcome.delay,
             outcome.error,
         )
+    elif outcome.status == "cancelled":
+        logger.info("job %s (%s) cancelled", job.id, job.job_type)
     else:
-        logger.error("job %s (%s) %s: %s", job.id, job.job_type, outcome.status, outcome.error)
+        logger.error("job %s (%s) failed: %s", job.id, job.job_type, outcome.error)
 
 
 def _names(values: Iterable[str] | None, check: Any, field: str) -> list[str] | None:
@@ -425,11 +469,13 @@ def _names(values: Iterable[str] | None, check: Any, field: str) -> list[str] | 
         values = [values]
     names = [check(value, field) for value in values]
     if not names:
-        raise InvalidJobError(field, "must name at least one, or be None for any")
+        raise InvalidWorkerOptionError(field, "must name at least one, or be None for any")
     return names
 
 
 def _bounded_int(value: Any, field: str, maximum: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= maximum:
-        raise InvalidJobError(field, f"must be an integer from 1 to {maximum}, got {value!r}")
+        raise InvalidWorkerOptionError(
+            field, f"must be an integer from 1 to {maximum}, got {value!r}"
+        )
     return value

@@ -82,3 +82,8 @@ def fails_with_growing_backoff(job):
 @job("tests.returns")
 def returns_value(job):
     return {"doubled": job.data["n"] * 2}
+
+
+@job("tests.exits", max_attempts=1)
+def exits(job):
+    raise SystemExit(3)

@@ -6,7 +6,6 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_pgqueue import conf
 from django_pgqueue.recovery import recover_stale_jobs
 
 
@@ -21,9 +20,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--stale-after",
             type=float,
-            default=conf.get_settings().STALE_AFTER,
+            default=None,
             help="Seconds without a heartbeat after which a job is stale "
-            "(default: PGQUEUE['STALE_AFTER'] = %(default)s).",
+            "(default: PGQUEUE['STALE_AFTER'], 60.0 unless set).",
         )
         parser.add_argument(
             "--dry-run",

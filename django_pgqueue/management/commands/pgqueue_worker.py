@@ -8,7 +8,6 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_pgqueue import conf
 from django_pgqueue.exceptions import PgQueueError
 
 
@@ -20,7 +19,6 @@ class Command(BaseCommand):
     help = "Run a django-pgqueue worker."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        settings = conf.get_settings()
         parser.add_argument(
             "--queues",
             type=_csv,
@@ -48,8 +46,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--poll-interval",
             type=float,
-            default=settings.POLL_INTERVAL,
-            help="Seconds between polls when no notification arrives (default: %(default)s).",
+            default=None,
+            help="Seconds between polls when no notification arrives "
+            "(default: PGQUEUE['POLL_INTERVAL'], 1.0 unless set).",
         )
         parser.add_argument(
             "--burst",
@@ -64,8 +63,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--shutdown-grace",
             type=float,
-            default=settings.SHUTDOWN_GRACE,
-            help="Seconds running jobs get to finish after SIGTERM/SIGINT (default: %(default)s).",
+            default=None,
+            help="Seconds running jobs get to finish after SIGTERM/SIGINT "
+            "(default: PGQUEUE['SHUTDOWN_GRACE'], 30.0 unless set).",
         )
         parser.add_argument(
             "--log-level",
