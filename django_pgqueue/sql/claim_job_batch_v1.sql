@@ -9,6 +9,12 @@
 -- NULL p_job_types or p_queues means "any". plan_cache_mode = force_custom_plan lets
 -- the planner see the actual arguments, so "NULL means any" folds away and the
 -- remaining filters stay index conditions instead of row filters.
+--
+-- enable_sort = off pins the plan to an ordered walk of idx_jobs_claimable that stops
+-- after p_batch_size rows. Queue tables change faster than statistics: right after a
+-- bulk enqueue the planner believes a handful of rows are pending, picks a bitmap scan
+-- and sorts every pending row on every claim (measured: 6 ms instead of 0.2 ms per
+-- claim with 20k pending jobs).
 CREATE FUNCTION claim_job_batch(
     p_worker_id text,
     p_job_types text[],
@@ -17,6 +23,7 @@ CREATE FUNCTION claim_job_batch(
 ) RETURNS SETOF pgqueue_jobs
 LANGUAGE plpgsql
 SET plan_cache_mode = force_custom_plan
+SET enable_sort = off
 AS $$
 BEGIN
     IF p_worker_id IS NULL OR p_worker_id = '' THEN
