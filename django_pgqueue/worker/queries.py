@@ -5,10 +5,12 @@ from __future__ import annotations
 
 CLAIM = "SELECT * FROM claim_job_batch(%s, %s, %s, %s)"
 
+# Sent right after CLAIM in the same pipeline, so it needs no ids: every job this worker
+# holds in the claimed state is being started now.
 MARK_RUNNING = """
 UPDATE pgqueue_jobs
    SET status = 'running', started_at = now(), heartbeat_at = now()
- WHERE id = ANY(%s::uuid[]) AND worker_id = %s AND status = 'claimed'
+ WHERE worker_id = %s AND status = 'claimed'
 RETURNING id, started_at, cancel_requested_at IS NOT NULL
 """
 

@@ -22,11 +22,12 @@ from collections.abc import Iterable, Sequence
 from types import FrameType
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError, connections
+import psycopg
 
 from .. import conf, registry, validation
 from ..exceptions import InvalidArgumentError, InvalidWorkerOptionError
 from ..models import Job
+from ..sideconn import open_raw_connection
 from . import queries
 from .execution import Outcome, RunningJob, interrupt, timeout_outcome
 from .heartbeat import Heartbeat
@@ -101,6 +102,9 @@ class Worker:
         self._signals_received = 0
         #: Outcomes recorded so far, by new status ("completed", "pending" for a retry, ...).
         self.stats: Counter[str] = Counter()
+        #: Round trips of the main loop (each records outcomes and/or claims a batch).
+        self.round_trips = 0
+        self._conn: psycopg.Connection[Any] | None = None
 
     @property
     def processed(self) -> int:
@@ -164,7 +168,7 @@ class Worker:
             self._threads_stopping.set()
             for thread in threads:
                 thread.join(timeout=2)
-            connections[self.using].close()
+            self._drop_connection()
             for signum, handler in previous_handlers.items():
                 signal.signal(signum, handler)
         logger.info(
@@ -174,6 +178,17 @@ class Worker:
             or "no job run",
         )
         return 0
+
+    def _db(self) -> psycopg.Connection[Any]:
+        """The main loop's own autocommit connection, reopened after a failure."""
+        if self._conn is None or self._conn.closed:
+            self._conn = open_raw_connection(self.using)
+        return self._conn
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
     def _register(self) -> None:
         """Record this worker in ``pgqueue_workers`` (retrying while the database is down)."""
@@ -188,22 +203,20 @@ class Worker:
         failures = 0
         while True:
             try:
-                with connections[self.using].cursor() as cursor:
-                    cursor.execute(queries.REGISTER_WORKER, params)
+                self._db().execute(queries.REGISTER_WORKER, params)
                 return
-            except (DatabaseError, InterfaceError) as exc:
+            except psycopg.Error as exc:
                 failures += 1
                 delay = min(0.5 * 2 ** (failures - 1), 30.0)
                 logger.error("cannot reach the database (%s); retrying in %.1fs", exc, delay)
-                connections[self.using].close()
+                self._drop_connection()
                 if self._stopping.wait(delay):
                     return
 
     def _mark_stopped(self) -> None:
         try:
-            with connections[self.using].cursor() as cursor:
-                cursor.execute(queries.WORKER_STOPPED, [self.worker_id])
-        except (DatabaseError, InterfaceError) as exc:
+            self._db().execute(queries.WORKER_STOPPED, [self.worker_id])
+        except psycopg.Error as exc:
             logger.warning("could not record the worker's stop (%s)", exc)
 
     # -- main loop ----------------------------------------------------------------------
@@ -213,11 +226,10 @@ class Worker:
         while not self._stopping.is_set():
             try:
                 self._reap()
-                self._flush()
                 self._enforce_timeouts()
-                claimed, asked = self._claim_into(slots)
+                claimed, asked = self._cycle(slots)
                 failures = 0
-            except (DatabaseError, InterfaceError) as exc:
+            except psycopg.Error as exc:
                 failures += 1
                 delay = min(0.5 * 2 ** (failures - 1), 30.0)
                 logger.error(
@@ -226,7 +238,7 @@ class Worker:
                     str(exc).strip(),
                     delay,
                 )
-                connections[self.using].close()
+                self._drop_connection()
                 self._stopping.wait(delay)
                 continue
             if self.burst and not claimed and not self._running and not self._outcomes:
@@ -245,36 +257,46 @@ class Worker:
                 timeout = min(timeout, max(running.deadline - now, 0.0) + 0.01)
         return timeout
 
-    def _claim_into(self, slots: SlotPool) -> tuple[list[Job], int]:
+    def _cycle(self, slots: SlotPool | None) -> tuple[list[Job], int]:
+        """Record pending outcomes, claim into free slots and start what was claimed.
+
+        The three statements go to the server as one pipeline: one network round trip
+        and one transaction, so a failure leaves nothing half done.
+        """
         free = self.concurrency - len(self._running) - len(self._abandoned)
-        if free <= 0 or self._stopping.is_set():
+        asked = 0 if slots is None or self._stopping.is_set() else min(free, self.batch_size)
+        asked = max(asked, 0)
+        outcomes = self._outcomes
+        if not outcomes and not asked:
             return [], 0
-        asked = min(free, self.batch_size)
-        jobs = self._claim(asked)
-        if jobs:
-            self._start(jobs, slots)
+        conn = self._db()
+        finish = claim = start = None
+        with conn.pipeline():
+            if outcomes:
+                finish = conn.cursor()
+                finish.execute(queries.FINISH, _finish_params(outcomes, self.worker_id))
+            if asked:
+                claim = conn.cursor()
+                claim.execute(queries.CLAIM, [self.worker_id, self.job_types, asked, self.queues])
+                start = conn.cursor()
+                start.execute(queries.MARK_RUNNING, [self.worker_id])
+        self.round_trips += 1
+        if finish is not None:
+            self._record_finished(outcomes, {row[0] for row in finish.fetchall()})
+        if claim is None or start is None:
+            return [], asked
+        assert claim.description is not None
+        columns = [column.name for column in claim.description]
+        jobs = [Job.from_row(columns, row, self.using) for row in claim.fetchall()]
+        jobs.sort(key=lambda job: (-job.priority, job.created_at))
+        started = {row[0]: (row[1], row[2]) for row in start.fetchall()}
+        assert slots is not None
+        self._start(jobs, started, slots)
         return jobs, asked
 
-    def _claim(self, count: int) -> list[Job]:
-        with connections[self.using].cursor() as cursor:
-            cursor.execute(
-                queries.CLAIM,
-                [self.worker_id, self.job_types, count, self.queues],
-            )
-            columns = [column.name for column in cursor.description]
-            jobs = [Job.from_row(columns, row, self.using) for row in cursor.fetchall()]
-        jobs.sort(key=lambda job: (-job.priority, job.created_at))
-        return jobs
-
-    def _start(self, jobs: list[Job], slots: SlotPool) -> None:
-        try:
-            with connections[self.using].cursor() as cursor:
-                cursor.execute(queries.MARK_RUNNING, [[job.id for job in jobs], self.worker_id])
-                started = {row[0]: (row[1], row[2]) for row in cursor.fetchall()}
-        except (DatabaseError, InterfaceError):
-            # Claimed but not started: give them back as soon as the database answers.
-            self._outcomes.extend(Outcome(job.id, "pending", refund=1) for job in jobs)
-            raise
+    def _start(
+        self, jobs: list[Job], started: dict[Any, tuple[Any, bool]], slots: SlotPool
+    ) -> None:
         now = time.monotonic()
         for job in jobs:
             if job.id not in started:
@@ -292,6 +314,20 @@ class Worker:
                 running.deadline = now + definition.timeout
             self._running[job.id] = running
             slots.submit(running)
+
+    def _record_finished(self, outcomes: list[Outcome], written: set[Any]) -> None:
+        self._outcomes = self._outcomes[len(outcomes) :]
+        for outcome in outcomes:
+            if outcome.job_id in written:
+                self.stats[outcome.status] += 1
+            else:
+                logger.warning(
+                    "job %s was no longer held by %s (recovered by another worker); "
+                    "its outcome %r was not recorded",
+                    outcome.job_id,
+                    self.worker_id,
+                    outcome.status,
+                )
 
     def _on_job_done(self, running: RunningJob, outcome: Outcome) -> None:
         # Called in the slot thread: hand over to the main loop and wake it.
@@ -311,38 +347,6 @@ class Worker:
             self._running.pop(job_id, None)
             self._outcomes.append(outcome)
             _log_outcome(running.job, outcome)
-
-    def _flush(self) -> None:
-        if not self._outcomes:
-            return
-        outcomes = self._outcomes
-        with connections[self.using].cursor() as cursor:
-            cursor.execute(
-                queries.FINISH,
-                [
-                    [o.job_id for o in outcomes],
-                    [o.status for o in outcomes],
-                    [o.delay for o in outcomes],
-                    [o.refund for o in outcomes],
-                    [o.error for o in outcomes],
-                    [o.traceback for o in outcomes],
-                    [o.result for o in outcomes],
-                    self.worker_id,
-                ],
-            )
-            written = {row[0] for row in cursor.fetchall()}
-        self._outcomes = []
-        for outcome in outcomes:
-            if outcome.job_id in written:
-                self.stats[outcome.status] += 1
-            else:
-                logger.warning(
-                    "job %s was no longer held by %s (recovered by another worker); "
-                    "its outcome %r was not recorded",
-                    outcome.job_id,
-                    self.worker_id,
-                    outcome.status,
-                )
 
     def _enforce_timeouts(self) -> None:
         now = time.monotonic()
@@ -381,11 +385,11 @@ class Worker:
         self._running.clear()
         for attempt in range(3):
             try:
-                self._flush()
+                self._cycle(None)
                 return
-            except (DatabaseError, InterfaceError) as exc:
+            except psycopg.Error as exc:
                 logger.error("could not record outcomes at shutdown (%s)", exc)
-                connections[self.using].close()
+                self._drop_connection()
                 time.sleep(0.5 * (attempt + 1))
         logger.error(
             "%d outcome(s) were not recorded; recovery will return those jobs to pending",
@@ -441,6 +445,19 @@ class Worker:
             self.shutdown_grace,
         )
         self.stop()
+
+
+def _finish_params(outcomes: list[Outcome], worker_id: str) -> list[Any]:
+    return [
+        [o.job_id for o in outcomes],
+        [o.status for o in outcomes],
+        [o.delay for o in outcomes],
+        [o.refund for o in outcomes],
+        [o.error for o in outcomes],
+        [o.traceback for o in outcomes],
+        [o.result for o in outcomes],
+        worker_id,
+    ]
 
 
 def _log_outcome(job: Job, outcome: Outcome) -> None:
