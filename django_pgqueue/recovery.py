@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import uuid
 from typing import NamedTuple
 
@@ -46,8 +47,8 @@ def recover_stale_jobs(
     """
     settings = conf.get_settings()
     seconds = settings.STALE_AFTER if stale_after is None else stale_after
-    if seconds <= 0:
-        raise ValueError(f"stale_after must be positive, got {seconds!r}")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"stale_after must be a positive number of seconds, got {seconds!r}")
     with connections[using or settings.DATABASE].cursor() as cursor:
         cursor.execute(_PREVIEW_STALE if dry_run else _RECOVER, [seconds])
         recovered = [RecoveredJob(*row) for row in cursor.fetchall()]

@@ -166,3 +166,11 @@ def test_recover_command_returns_stale_jobs_to_pending():
     assert "recovered 1 stale job(s)" in out.getvalue()
     assert status_of(job) == JobStatus.PENDING
     assert status_of(fresh) == JobStatus.RUNNING
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "nan", "inf"])
+def test_recover_command_rejects_a_stale_after_that_is_not_a_positive_duration(value):
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="stale_after must be a positive number of seconds"):
+        call_command("pgqueue_recover", "--stale-after", value)

@@ -6,6 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from django_pgqueue.exceptions import PgQueueError
 from django_pgqueue.recovery import recover_stale_jobs
 
 
@@ -33,7 +34,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             jobs = recover_stale_jobs(options["stale_after"], dry_run=options["dry_run"])
-        except ValueError as exc:
+        except (PgQueueError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
         verb = "would recover" if options["dry_run"] else "recovered"
         for job in jobs:
