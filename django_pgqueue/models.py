@@ -6,7 +6,7 @@ import threading
 from typing import Any, ClassVar
 
 from django.contrib.postgres.functions import RandomUUID
-from django.db import connections, models
+from django.db import connections, models, router
 from django.db.models import Q, Value
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
@@ -29,6 +29,12 @@ class JobStatus(models.TextChoices):
 IN_FLIGHT = (JobStatus.CLAIMED, JobStatus.RUNNING)
 #: States a job never leaves on its own.
 FINISHED = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+#: Codename of the permission to retry, cancel and run jobs now (``django_pgqueue.retry_job``).
+RETRY_PERMISSION = "retry_job"
+#: Every this many events, ``set_progress`` trims a job's history to this many newest
+#: events, so a job keeps fewer than twice as many.
+EVENTS_KEPT = 100
 
 
 class JobQuerySet(models.QuerySet["Job"]):
@@ -64,7 +70,7 @@ class JobQuerySet(models.QuerySet["Job"]):
             progress=0,
             worker_ids=[],
         )
-        _notify(self.db, queues if changed else [])
+        _notify(_write_db(self), queues if changed else [])
         return changed
 
     def run_now(self) -> int:
@@ -72,12 +78,17 @@ class JobQuerySet(models.QuerySet["Job"]):
         eligible = self.filter(status=JobStatus.PENDING, run_at__gt=Now())
         queues = _queues_of(eligible)
         changed = eligible.update(run_at=Now())
-        _notify(self.db, queues if changed else [])
+        _notify(_write_db(self), queues if changed else [])
         return changed
 
 
 def _queues_of(jobs: models.QuerySet[Job]) -> list[str]:
-    return list(jobs.order_by().values_list("queue", flat=True).distinct())
+    # Read where the update will write: a read replica may lag behind.
+    return list(jobs.using(_write_db(jobs)).order_by().values_list("queue", flat=True).distinct())
+
+
+def _write_db(jobs: models.QuerySet[Job]) -> str:
+    return jobs._db or router.db_for_write(jobs.model)
 
 
 def _notify(using: str, queues: list[str]) -> None:
@@ -134,6 +145,7 @@ class Job(models.Model):
         ordering = ("-created_at",)
         verbose_name = _("job")
         verbose_name_plural = _("jobs")
+        permissions = [(RETRY_PERMISSION, _("Can retry, cancel and run jobs now"))]
         indexes = [
             # The claim walks this index in claim order and filters on the trailing
             # columns inside the index, so only due, matching rows are fetched and locked.
@@ -148,6 +160,9 @@ class Job(models.Model):
                 condition=Q(status__in=["claimed", "running"]),
             ),
             GinIndex(fields=["data"], name="idx_jobs_data", opclasses=["jsonb_path_ops"]),
+            # The admin lists newest first (then by id, for a stable order): without it
+            # every page of the changelist sorts the whole table.
+            models.Index(fields=["created_at", "id"], name="idx_jobs_created"),
         ]
         constraints = [
             models.CheckConstraint(
@@ -180,12 +195,12 @@ class Job(models.Model):
         return self.status in FINISHED
 
     def set_progress(self, percent: int, stage: str | None = None) -> bool:
-        """Record progress (0-100) and optionally the current stage, visible at once.
+        """Record progress (0-100), optionally the current stage, and a ``JobEvent``.
 
-        The write is committed immediately, outside any transaction the handler is in,
-        so the admin shows it while the job is still running. Returns False, writing
-        nothing, when the job is no longer claimed or running by this job's worker (it
-        finished, or recovery gave it to another worker).
+        The write (one statement) is committed immediately, outside any transaction the
+        handler is in, so the admin shows it while the job is still running. Returns
+        False, writing nothing, when the job is no longer claimed or running by this
+        job's worker (it finished, or recovery gave it to another worker).
         """
         from .progress import write_progress
 
@@ -245,6 +260,40 @@ class Job(models.Model):
 
 
 _json_field = models.JSONField()
+
+
+class JobEvent(models.Model):
+    """One ``Job.set_progress`` call: the progress and stage it recorded, and when.
+
+    Written by the same statement as the progress itself. Only recent events are kept:
+    every ``EVENTS_KEPT``-th event of a job trims its history to the newest
+    ``EVENTS_KEPT``. Deleting a job deletes its events: the database does it.
+    """
+
+    # The database cascades (migration 0003 creates the constraint with ON DELETE
+    # CASCADE, which Django 5.2 cannot declare). DO_NOTHING keeps Django from collecting
+    # events itself, so ``Job.objects.filter(...).delete()`` stays one DELETE statement
+    # instead of loading every job it deletes. The index below covers lookups by job.
+    job = models.ForeignKey(
+        Job,
+        on_delete=models.DO_NOTHING,
+        related_name="events",
+        db_constraint=False,
+        db_index=False,
+    )
+    created_at = models.DateTimeField(db_default=Now())
+    progress = models.SmallIntegerField()
+    stage = models.CharField(max_length=conf.STAGE_MAX_LENGTH, blank=True)
+
+    class Meta:
+        db_table = "pgqueue_job_events"
+        ordering = ("-id",)
+        verbose_name = _("job event")
+        verbose_name_plural = _("job events")
+        indexes = [models.Index(fields=["job", "id"], name="idx_job_events_job")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} {self.progress}% {self.stage}".rstrip()
 
 
 class WorkerRecord(models.Model):

@@ -18,7 +18,13 @@ FUNCTIONS = [
     "claim_job_batch(text, text[], integer, text[])",
     "recover_stale_jobs(interval)",
 ]
-INDEXES = ["idx_jobs_claimable", "idx_jobs_worker", "idx_jobs_data"]
+INDEXES = [
+    "idx_jobs_claimable",
+    "idx_jobs_worker",
+    "idx_jobs_data",
+    "idx_jobs_created",
+    "idx_job_events_job",
+]
 
 
 def pgqueue_run_sql() -> list[tuple[str, RunSQL]]:
@@ -35,7 +41,7 @@ def pgqueue_run_sql() -> list[tuple[str, RunSQL]]:
 
 def schema_objects() -> dict[str, bool]:
     """Which of the app's table, indexes and functions exist."""
-    lookups = [(name, "to_regclass") for name in ["pgqueue_jobs", *INDEXES]]
+    lookups = [(name, "to_regclass") for name in ["pgqueue_jobs", "pgqueue_job_events", *INDEXES]]
     lookups += [(signature, "to_regprocedure") for signature in FUNCTIONS]
     with connection.cursor() as cursor:
         cursor.execute(

@@ -268,3 +268,10 @@ def test_database_rejects_invalid_values_written_with_raw_sql(make_job, column, 
 
     job.refresh_from_db()
     assert (job.status, job.progress, job.priority) == ("pending", 0, 100)
+
+
+def test_set_progress_from_an_earlier_attempt_writes_nothing(make_job):
+    job = make_job(status="running", worker_id="w", attempts=1)
+    Job.objects.filter(pk=job.pk).update(attempts=2)  # recovered, then claimed again by "w"
+
+    assert job.set_progress(50) is False
