@@ -22,6 +22,8 @@ JOB_TYPE_MAX_LENGTH = 200
 QUEUE_MAX_LENGTH = 100
 STAGE_MAX_LENGTH = 200
 MAX_ATTEMPTS_LIMIT = 1000
+#: Job types of Django Tasks are this prefix and the task's dotted path (backends.py).
+TASK_JOB_PREFIX = "task:"
 
 _CHANNEL_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 

@@ -44,6 +44,11 @@ class FailJob(PgQueueError):
     """Raise from a handler to fail the job at once, without further retries."""
 
 
+class TaskReturnValueError(FailJob, TypeError):
+    """A Django Task returned a value that is not JSON: the job fails without a retry
+    (running the task again would repeat its side effects for the same outcome)."""
+
+
 class RetryJob(PgQueueError):
     """Raise from a handler to run the job again after ``delay``.
 

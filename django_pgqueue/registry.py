@@ -88,9 +88,31 @@ class JobDefinition:
 _registry: dict[str, JobDefinition] = {}
 _lock = threading.Lock()
 
+#: Resolvers of job types no ``@job`` registered, by the job-type prefix they own.
+Resolver = Callable[[str], JobDefinition | None]
+_resolvers: dict[str, Resolver] = {}
+
+
+def register_resolver(prefix: str, resolver: Resolver) -> None:
+    """Let ``resolver(job_type)`` supply the definition of job types starting with ``prefix``.
+
+    It is asked only when no ``@job`` registered the job type, on every look-up (cache in
+    the resolver if needed), and returns ``None`` for a job type it cannot handle; it must
+    not raise. The prefix is reserved: ``@job`` rejects names that start with it. The
+    Django Tasks backend resolves its ``task:<dotted path>`` job types this way.
+    """
+    with _lock:
+        _resolvers[prefix] = resolver
+
 
 def register(definition: JobDefinition) -> JobDefinition:
     """Add ``definition``; re-registering the same function (a module reload) is allowed."""
+    reserved = next((p for p in _resolvers if definition.job_type.startswith(p)), None)
+    if reserved is not None:
+        raise JobRegistrationError(
+            f"job type {definition.job_type!r} starts with {reserved!r}, a prefix reserved "
+            "for job types resolved on demand (Django Tasks); choose another name"
+        )
     with _lock:
         existing = _registry.get(definition.job_type)
         if existing is not None and _qualified(existing.func) != _qualified(definition.func):
@@ -111,18 +133,24 @@ def unregister(job_type: str) -> None:
 
 def get_definition(job_type: str) -> JobDefinition:
     """Return the handler registered for ``job_type`` or raise ``UnknownJobTypeError``."""
-    try:
-        return _registry[job_type]
-    except KeyError:
+    definition = find_definition(job_type)
+    if definition is None:
         known = ", ".join(sorted(_registry)) or "none"
         raise UnknownJobTypeError(
             f"no handler is registered for job type {job_type!r} (registered: {known}). "
             "Define it with @django_pgqueue.job in an installed app's jobs.py"
-        ) from None
+        )
+    return definition
 
 
 def find_definition(job_type: str) -> JobDefinition | None:
-    return _registry.get(job_type)
+    """The handler of ``job_type``: a ``@job`` registration, else a resolver's, else None."""
+    definition = _registry.get(job_type)
+    if definition is None:
+        for prefix, resolver in _resolvers.items():
+            if job_type.startswith(prefix):
+                return resolver(job_type)
+    return definition
 
 
 def registered_job_types() -> list[str]:

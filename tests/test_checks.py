@@ -11,6 +11,9 @@ from django.db import connections
 
 
 def pgqueue_messages(**kwargs):
+    # Without `databases`, Django 6.1+ runs model checks against every alias, which
+    # would connect to the sqlite alias below; no alias reproduces the older default.
+    kwargs.setdefault("databases", [])
     return [message for message in run_checks(**kwargs) if message.id.startswith("django_pgqueue.")]
 
 

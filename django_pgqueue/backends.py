@@ -1,0 +1,453 @@
+"""The Django Tasks backend: ``@task`` functions run as django-pgqueue jobs.
+
+``TASKS = {"default": {"BACKEND": "django_pgqueue.backends.PgQueueBackend"}}`` makes
+``my_task.enqueue(...)`` insert one job, on the caller's connection (so inside
+``transaction.atomic`` it exists only if the transaction commits), which
+``pgqueue_worker`` runs like any other. A task job has the job type
+``"task:<the task's dotted path>"`` and the data
+``{"args": [...], "kwargs": {...}, "backend": "<alias>"}`` (plus ``"run_after"`` when it
+was deferred). Works with ``django.tasks`` (Django 6.0+) and with the ``django_tasks``
+backport (Django 5.2).
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import dataclasses
+import json
+import logging
+import re
+import traceback
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.apps import apps
+from django.conf import settings
+from django.core import checks
+from django.db import transaction
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from . import conf, validation
+from . import exceptions as pgqueue_exceptions
+from .conf import TASK_JOB_PREFIX
+from .enqueue import enqueue as enqueue_job
+from .exceptions import FailJob, InvalidArgumentError, JobCancelled, TaskReturnValueError
+from .registry import JobDefinition
+from .tasks_compat import (
+    TASK_MAX_PRIORITY,
+    TASK_MIN_PRIORITY,
+    BaseTaskBackend,
+    InvalidTask,
+    InvalidTaskBackend,
+    Task,
+    TaskContext,
+    TaskError,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    normalize_json,
+    task_backends,
+    task_enqueued,
+    task_finished,
+    task_started,
+)
+
+if TYPE_CHECKING:
+    from .models import Job
+
+__all__ = ["PRIORITY_OFFSET", "PgQueueBackend"]
+
+logger = logging.getLogger("django_pgqueue.tasks")
+
+#: Our priority is ``PRIORITY_OFFSET + task.priority``: Django's -100..100 (default 0)
+#: becomes 0..200 (default 100, the default of ``enqueue()`` too). Higher runs first in both.
+PRIORITY_OFFSET = 100
+
+#: How each job status reads as a task status. Cancelled jobs read as FAILED (they did
+#: not succeed and will not run); a pending job waiting for a retry reads as READY.
+STATUS_MAP: Mapping[str, str] = {
+    "pending": TaskResultStatus.READY,
+    "claimed": TaskResultStatus.RUNNING,
+    "running": TaskResultStatus.RUNNING,
+    "completed": TaskResultStatus.SUCCESSFUL,
+    "failed": TaskResultStatus.FAILED,
+    "cancelled": TaskResultStatus.FAILED,
+}
+
+_OPTIONS = ("ATOMIC", "DATABASE", "MAX_ATTEMPTS", "TIMEOUT")
+
+
+class PgQueueBackend(BaseTaskBackend):
+    """Stores tasks as django-pgqueue jobs; ``manage.py pgqueue_worker`` runs them.
+
+    ``OPTIONS`` (all optional): ``DATABASE``, the alias holding the jobs table
+    (default ``PGQUEUE['DATABASE']``); ``MAX_ATTEMPTS``, attempts per task (default
+    ``PGQUEUE['DEFAULT_MAX_ATTEMPTS']``); ``TIMEOUT``, seconds one attempt may run
+    (default none); ``ATOMIC``, run each attempt in ``transaction.atomic`` (default True).
+    """
+
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        where = f"TASKS[{alias!r}]"
+        if not isinstance(self.options, Mapping):
+            raise InvalidTaskBackend(f"{where}['OPTIONS'] must be a dict")
+        unknown = sorted(set(self.options) - set(_OPTIONS))
+        if unknown:
+            raise InvalidTaskBackend(
+                f"{where}['OPTIONS'] has unknown keys {unknown}; valid keys are {list(_OPTIONS)}"
+            )
+        database = self.options.get("DATABASE")
+        atomic = self.options.get("ATOMIC", True)
+        if database is not None and (not isinstance(database, str) or not database):
+            raise InvalidTaskBackend(f"{where}['OPTIONS']['DATABASE'] must be a database alias")
+        if not isinstance(atomic, bool):
+            raise InvalidTaskBackend(f"{where}['OPTIONS']['ATOMIC'] must be True or False")
+        try:
+            max_attempts = self.options.get("MAX_ATTEMPTS")
+            self.max_attempts: int | None = (
+                None
+                if max_attempts is None
+                else validation.max_attempts(max_attempts, f"{where}['OPTIONS']['MAX_ATTEMPTS']")
+            )
+            timeout = self.options.get("TIMEOUT")
+            self.timeout: float | None = (
+                None
+                if timeout is None
+                else validation.seconds(timeout, f"{where}['OPTIONS']['TIMEOUT']", allow_zero=False)
+            )
+            for queue in sorted(self.queues):
+                validation.queue(queue, f"{where}['QUEUES']")
+        except InvalidArgumentError as exc:
+            raise InvalidTaskBackend(str(exc)) from None
+        self._database: str | None = database
+        self.atomic: bool = atomic
+
+    @property
+    def database(self) -> str:
+        """The database alias of the jobs table."""
+        return self._database or conf.get_settings().DATABASE
+
+    def validate_task(self, task: Task) -> None:
+        """Django's checks, a ``timedelta`` ``run_after``, and our limits on names."""
+        run_after = task.run_after
+        if isinstance(run_after, timedelta):
+            # Django's own check calls timezone.is_aware() on it, which fails on a timedelta.
+            super().validate_task(_WithoutRunAfter(task))
+        elif run_after is not None and not isinstance(run_after, datetime):
+            raise InvalidTask(
+                f"run_after must be a datetime or a timedelta, got {type(run_after).__name__}."
+            )
+        else:
+            super().validate_task(task)
+        try:
+            validation.job_type(TASK_JOB_PREFIX + task.module_path, "task")
+        except InvalidArgumentError:
+            raise InvalidTask(
+                f"Task path {task.module_path!r} cannot name a django-pgqueue job: it must be "
+                f"at most {conf.JOB_TYPE_MAX_LENGTH - len(TASK_JOB_PREFIX)} ASCII characters "
+                "(letters, digits, '_' and '.')."
+            ) from None
+        try:
+            validation.queue(task.queue_name, "queue_name")
+        except InvalidArgumentError as exc:
+            raise InvalidTask(str(exc)) from None
+
+    def enqueue(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> TaskResult:
+        """Insert the job for ``task(*args, **kwargs)`` and return its READY result.
+
+        Arguments must be JSON (``TypeError`` otherwise, before anything is written).
+        Inside ``transaction.atomic`` the job exists only if the transaction commits.
+        """
+        self.validate_task(task)
+        _check_importable(task)
+        data: dict[str, Any] = {
+            "args": normalize_json(args),
+            "kwargs": normalize_json(kwargs),
+            "backend": self.alias,
+        }
+        run_after = task.run_after
+        if isinstance(run_after, timedelta):
+            run_after = timezone.now() + run_after
+            task = _copy_task(task, run_after=run_after)
+        if run_after is not None:
+            data["run_after"] = run_after.isoformat()
+            if timezone.is_naive(run_after):  # only accepted with USE_TZ = False
+                run_after = timezone.make_aware(run_after)
+        job = enqueue_job(
+            TASK_JOB_PREFIX + task.module_path,
+            data,
+            queue=task.queue_name,
+            priority=PRIORITY_OFFSET + int(task.priority),
+            run_at=run_after,
+            max_attempts=self.max_attempts,
+            using=self.database,
+        )
+        result = _result_of(job, self.alias, task=task)
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    def get_result(self, result_id: str) -> TaskResult:
+        """The task's current result, read from its job; ``TaskResultDoesNotExist`` if none."""
+        from .models import Job
+
+        try:
+            job_id = uuid.UUID(str(result_id))
+        except ValueError:
+            raise TaskResultDoesNotExist(result_id) from None
+        job = (
+            Job.objects.using(self.database)
+            .filter(pk=job_id, job_type__startswith=TASK_JOB_PREFIX)
+            .first()
+        )
+        if job is None:
+            raise TaskResultDoesNotExist(result_id)
+        return _result_of(job, self.alias)
+
+    def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
+        yield from super().check(**kwargs)
+        if not apps.is_installed("django_pgqueue"):
+            yield checks.Error(
+                f"TASKS[{self.alias!r}] uses PgQueueBackend, but django_pgqueue is not installed",
+                hint="Add 'django_pgqueue' to INSTALLED_APPS and run manage.py migrate.",
+                id="django_pgqueue.E101",
+            )
+        if self._database is not None and self._database not in settings.DATABASES:
+            yield checks.Error(
+                f"TASKS[{self.alias!r}]['OPTIONS']['DATABASE'] is {self._database!r}, which "
+                "is not in DATABASES",
+                hint=f"Use one of {sorted(settings.DATABASES)}.",
+                id="django_pgqueue.E102",
+            )
+
+
+class _WithoutRunAfter:
+    """A read-only view of a task with no ``run_after``, for Django's validation."""
+
+    run_after = None
+
+    def __init__(self, task: Task) -> None:
+        self._task = task
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._task, name)
+
+
+def _copy_task(task: Task, **changes: Any) -> Task:
+    """``task`` with ``changes``, like ``task.using()`` but without validating it again:
+    a stored task stays readable after ``QUEUES`` or a backend changed."""
+    copy = object.__new__(type(task))
+    for field in dataclasses.fields(task):
+        value = changes[field.name] if field.name in changes else getattr(task, field.name)
+        object.__setattr__(copy, field.name, value)
+    return copy
+
+
+def _check_importable(task: Task) -> None:
+    # The worker finds the task by its dotted path: a Task kept under another name, or
+    # defined in a function, could be enqueued but never run.
+    try:
+        found = import_string(task.module_path)
+    except ImportError:
+        found = None
+    if getattr(found, "func", None) is not task.func:
+        raise InvalidTask(
+            f"Task {task.module_path!r} cannot be imported by that path, so a worker could "
+            "not run it: apply @task to a module-level function and keep the result under "
+            "the function's own name."
+        )
+
+
+def _import_task(path: str) -> Task:
+    task = import_string(path)
+    if not isinstance(task, Task):
+        raise InvalidTask(f"{path!r} is not a Task (decorate the function with @task).")
+    return task
+
+
+def _task_of(job: Job, alias: str, task: Task | None = None) -> Task:
+    """The task a job was enqueued with, rebuilt from its columns and data."""
+    if task is None:
+        path = job.job_type.removeprefix(TASK_JOB_PREFIX)
+        try:
+            task = _import_task(path)
+        except ImportError as exc:
+            raise ImportError(
+                f"the task of result {job.id}, {path!r}, cannot be imported: {exc}"
+            ) from exc
+    run_after = job.data.get("run_after")
+    return _copy_task(
+        task,
+        priority=max(TASK_MIN_PRIORITY, min(TASK_MAX_PRIORITY, job.priority - PRIORITY_OFFSET)),
+        queue_name=job.queue,
+        run_after=None if run_after is None else datetime.fromisoformat(run_after),
+        backend=job.data.get("backend", alias),
+    )
+
+
+def _result_of(job: Job, alias: str, *, task: Task | None = None) -> TaskResult:
+    """The ``TaskResult`` a job stands for; ``task`` is the enqueued task, if known."""
+    data = job.data
+    status = TaskResultStatus(STATUS_MAP[job.status])
+    result = TaskResult(
+        task=task if task is not None else _task_of(job, alias),
+        id=str(job.id),
+        status=status,
+        enqueued_at=job.created_at,
+        started_at=job.started_at,
+        finished_at=job.completed_at,
+        last_attempted_at=job.started_at,
+        args=data.get("args", []),
+        kwargs=data.get("kwargs", {}),
+        backend=data.get("backend", alias),
+        errors=_errors_of(job),
+        worker_ids=list(job.worker_ids),
+    )
+    if status == TaskResultStatus.SUCCESSFUL:
+        object.__setattr__(result, "_return_value", job.result)
+    return result
+
+
+def _errors_of(job: Job) -> list[TaskError]:
+    # A job keeps only its latest error, so at most one TaskError is known.
+    if not job.last_error:
+        return []
+    return [
+        TaskError(
+            exception_class_path=_exception_class_path(job),
+            traceback=job.last_traceback,
+        )
+    ]
+
+
+def _exception_class_path(job: Job) -> str:
+    """The dotted path of the class of a job's last error.
+
+    The worker stores ``"ClassName: message"`` and the formatted traceback, whose last
+    exception line reads ``module.ClassName: message`` (just ``ClassName`` for builtins).
+    """
+    name, sep, _ = job.last_error.partition(":")
+    if not sep or not name.isidentifier():
+        # A failure the worker recorded itself, such as a cancellation before the start.
+        if job.status == "cancelled":
+            return f"{JobCancelled.__module__}.{JobCancelled.__qualname__}"
+        return f"{pgqueue_exceptions.PgQueueError.__module__}.PgQueueError"
+    line = re.compile(rf"^((?:[A-Za-z_]\w*\.)*){re.escape(name)}(?::|$)")
+    for text in reversed(job.last_traceback.splitlines()):
+        match = line.match(text)
+        if match and match.group(1):
+            return match.group(1) + name
+        if match:
+            break
+    if hasattr(builtins, name):
+        return f"builtins.{name}"
+    if hasattr(pgqueue_exceptions, name):
+        return f"{pgqueue_exceptions.__name__}.{name}"
+    return name
+
+
+# -- the worker side ---------------------------------------------------------------------
+
+
+def resolve_task_job(job_type: str) -> JobDefinition | None:
+    """The definition that runs task jobs of ``job_type`` (``"task:<dotted path>"``).
+
+    ``None`` when the path does not import to a Task here (the worker then fails the job
+    as having no handler). Never raises: the worker calls it for every job it starts.
+    """
+    path = job_type.removeprefix(TASK_JOB_PREFIX)
+    try:
+        task = _import_task(path)
+    except Exception:
+        logger.warning("cannot run task jobs of type %r", job_type, exc_info=True)
+        return None
+    timeout = None
+    with contextlib.suppress(Exception):  # a broken TASKS entry must not stop the worker
+        backend = task_backends[task.backend]
+        if isinstance(backend, PgQueueBackend):
+            timeout = backend.timeout
+    return JobDefinition(
+        run_task_job,
+        job_type=job_type,
+        queue=None,
+        priority=None,
+        max_attempts=None,
+        timeout=timeout,
+        retry_backoff=None,
+        # run_task_job opens the transaction itself, so that task_finished is sent
+        # outside it (a receiver's writes survive a failed attempt's rollback).
+        atomic=False,
+    )
+
+
+def run_task_job(job: Job) -> Any:
+    """Run a task job's task in the worker and return its JSON return value.
+
+    Sends ``task_started`` before and ``task_finished`` after each attempt; the status
+    in ``task_finished`` is SUCCESSFUL, FAILED (no attempt left), or READY (a retry is
+    scheduled). Raises what the task raised, so the worker retries or fails the job.
+    """
+    task = _import_task(job.job_type.removeprefix(TASK_JOB_PREFIX))
+    alias = job.data.get("backend", task.backend)
+    backend = task_backends[alias]
+    atomic = backend.atomic if isinstance(backend, PgQueueBackend) else True
+    sender = type(backend)
+    result = _result_of(job, alias, task=_task_of(job, alias, task))
+    task_started.send(sender=sender, task_result=result)
+    context = (TaskContext(task_result=result),) if task.takes_context else ()
+    try:
+        with transaction.atomic(using=job._state.db) if atomic else contextlib.nullcontext():
+            value = _json_return_value(task.call(*context, *result.args, **result.kwargs))
+    except BaseException as exc:
+        final = _is_last_attempt(job, exc)
+        failed = dataclasses.replace(
+            result,
+            status=TaskResultStatus.FAILED if final else TaskResultStatus.READY,
+            finished_at=timezone.now() if final else None,
+            errors=[
+                TaskError(
+                    exception_class_path=f"{type(exc).__module__}.{type(exc).__qualname__}",
+                    traceback="".join(traceback.format_exception(exc)),
+                )
+            ],
+        )
+        # Sent robustly: a failing receiver must not replace the task's own error.
+        task_finished.send_robust(sender=sender, task_result=failed)
+        raise
+    succeeded = dataclasses.replace(
+        result, status=TaskResultStatus.SUCCESSFUL, finished_at=timezone.now()
+    )
+    object.__setattr__(succeeded, "_return_value", value)
+    # The task's work is committed: a failing receiver must not make it run again.
+    task_finished.send_robust(sender=sender, task_result=succeeded)
+    return value
+
+
+def _json_return_value(value: Any) -> Any:
+    try:
+        normalized = normalize_json(value)
+        json.dumps(normalized, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TaskReturnValueError(
+            f"the task returned a value that is not JSON ({exc}); return ids and plain "
+            "values, not model instances or dates"
+        ) from exc
+    return normalized
+
+
+def _is_last_attempt(job: Job, exc: BaseException) -> bool:
+    # Mirrors the worker's decision, so task_finished tells FAILED from a coming retry.
+    if isinstance(exc, FailJob | JobCancelled):
+        return True
+    with contextlib.suppress(Exception):
+        if job.is_cancel_requested():
+            return True
+    return job.attempts >= job.max_attempts
