@@ -40,6 +40,9 @@ class PgQueueSettings:
     VALIDATE_JOB_TYPES: bool = True
     NOTIFY: bool = True
     NOTIFY_CHANNEL: str = "pgqueue_jobs"
+    #: Alias of the connection workers LISTEN on (``None``: the worker's own database).
+    #: Point it at a direct connection when ``DATABASE`` goes through a transaction pooler.
+    LISTEN_DATABASE: str | None = None
     POLL_INTERVAL: float = 1.0
     HEARTBEAT_INTERVAL: float = 10.0
     STALE_AFTER: float = 60.0
@@ -47,7 +50,14 @@ class PgQueueSettings:
     SHUTDOWN_GRACE: float = 30.0
     RETRY_BACKOFF_BASE: float = 5.0
     RETRY_BACKOFF_MAX: float = 3600.0
+    #: Completed and cancelled jobs older than this are deleted by workers (None: kept).
+    RETENTION: float | None = None
+    #: Failed jobs older than this are deleted by workers (None: kept until handled).
+    FAILED_RETENTION: float | None = None
 
+
+# Durations that may also be None, meaning "never".
+_OPTIONAL_DURATIONS = {"RETENTION", "FAILED_RETENTION"}
 
 _DURATIONS = {
     "POLL_INTERVAL",
@@ -83,7 +93,9 @@ def _validate(raw: dict[str, Any]) -> PgQueueSettings:
     values: dict[str, Any] = {}
     for name, value in raw.items():
         key = f"PGQUEUE[{name!r}]"
-        if name in _DURATIONS:
+        if name in _OPTIONAL_DURATIONS:
+            values[name] = None if value is None else to_seconds(key, value, allow_zero=False)
+        elif name in _DURATIONS:
             values[name] = to_seconds(key, value, allow_zero=name not in _POSITIVE_DURATIONS)
         elif known[name].type in ("bool",):
             if not isinstance(value, bool):
@@ -115,6 +127,13 @@ def _validate(raw: dict[str, Any]) -> PgQueueSettings:
         queue(result.DEFAULT_QUEUE, "PGQUEUE['DEFAULT_QUEUE']")
     except InvalidArgumentError as exc:
         raise SettingsError(str(exc)) from None
+    if result.LISTEN_DATABASE is not None and result.LISTEN_DATABASE not in getattr(
+        django_settings, "DATABASES", {}
+    ):
+        raise SettingsError(
+            f"PGQUEUE['LISTEN_DATABASE'] is {result.LISTEN_DATABASE!r}, which is not a key "
+            "of DATABASES: name the alias of a direct (or session-pooled) connection"
+        )
     if not _CHANNEL_RE.fullmatch(result.NOTIFY_CHANNEL):
         raise SettingsError(
             "PGQUEUE['NOTIFY_CHANNEL'] must be a lower-case SQL identifier "

@@ -160,6 +160,12 @@ class Job(models.Model):
                 condition=Q(status__in=["claimed", "running"]),
             ),
             GinIndex(fields=["data"], name="idx_jobs_data", opclasses=["jsonb_path_ops"]),
+            # Pruning deletes the oldest finished rows first (pruning.py).
+            models.Index(
+                fields=["completed_at"],
+                name="idx_jobs_finished",
+                condition=Q(status__in=["completed", "failed", "cancelled"]),
+            ),
             # The admin lists newest first (then by id, for a stable order): without it
             # every page of the changelist sorts the whole table.
             models.Index(fields=["created_at", "id"], name="idx_jobs_created"),

@@ -11,6 +11,7 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
+from ..pruning import prune_by_settings
 from ..recovery import recover_stale_jobs
 from . import queries
 from .execution import RunningJob
@@ -52,6 +53,9 @@ class Heartbeat(threading.Thread):
                         recover_stale_jobs(self._stale_after, using=self._alias)
                         with connections[self._alias].cursor() as cursor:
                             cursor.execute(queries.FORGET_OLD_WORKERS)
+                    # Bounded in time so that heartbeats stay on schedule; a backlog of
+                    # finished jobs shrinks over the following beats.
+                    prune_by_settings(max_seconds=self._interval / 2, using=self._alias)
                 except DatabaseError as exc:
                     logger.warning("heartbeat failed (%s); retrying in %.1fs", exc, self._interval)
                     connections[self._alias].close()

@@ -413,7 +413,8 @@ class Worker:
         if self.listen:
             threads.append(
                 NotificationListener(
-                    alias=self.using,
+                    # LISTEN needs a session: through a transaction pooler it hears nothing.
+                    alias=settings.LISTEN_DATABASE or self.using,
                     channel=settings.NOTIFY_CHANNEL,
                     queues=self.queues,
                     wake=self._wake,
