@@ -4,8 +4,10 @@
 #   make demo    run the example project's end-to-end demo on a throwaway PostgreSQL
 #   make serve   run the example shop (admin + worker) on a throwaway PostgreSQL
 #   make test    run the test suite on a throwaway PostgreSQL
+#   make test-django6  the same on Django 6 (in .venv-dj6, with Python 3.12+ from PYTHON6)
 #   make lint    ruff check and ruff format --check
 #   make docs    build the documentation (mkdocs --strict)
+#   make bench   benchmark against the peers and pgbench (~20 min; BENCH_ARGS=--quick)
 #
 # Set DATABASE_URL to use your own PostgreSQL instead of a throwaway one.
 
@@ -16,13 +18,18 @@ PY := $(BIN)/python
 PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check
 SERVE_ADDR ?= 127.0.0.1:8000
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
+# Django 6 needs Python 3.12+: by default the newest 3.12/3.13 that pyenv has.
+PYTHON6 ?= $(shell ls -d $(HOME)/.pyenv/versions/3.1[23]*/bin/python3.1[23] 2>/dev/null | sort -V | tail -n 1)
+VENV6 ?= .venv-dj6
+BIN6 := $(abspath $(VENV6))/bin
 
 # The embedded PostgreSQL (or $DATABASE_URL) for one command; the venv's python first
 # on PATH so that `python` inside `sh -c` is the venv's.
 WITH_POSTGRES := PATH="$(BIN):$$PATH" $(PY) scripts/with_postgres.py --
 
 .DEFAULT_GOAL := help
-.PHONY: help demo serve test lint docs clean
+.PHONY: help demo serve test test-django6 lint docs bench clean
 
 help:
 	@sed -n 's/^#   //p' $(MAKEFILE_LIST)
@@ -53,12 +60,26 @@ serve: $(VENV)/.installed-demo
 test: $(VENV)/.installed-dev
 	$(WITH_POSTGRES) python -m pytest $(PYTEST_ARGS)
 
+$(VENV6)/.installed-django6: pyproject.toml
+	@test -n "$(PYTHON6)" || { echo "no Python 3.12+ found: make test-django6 PYTHON6=/path/to/python3.12"; exit 1; }
+	test -x $(BIN6)/python || $(PYTHON6) -m venv $(VENV6)
+	$(BIN6)/python -m pip install --quiet --disable-pip-version-check -e ".[dev]" "Django>=6,<7"
+	@touch $@
+
+test-django6: $(VENV6)/.installed-django6
+	PATH="$(BIN6):$$PATH" $(BIN6)/python scripts/with_postgres.py -- python -m pytest $(PYTEST_ARGS)
+
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
 docs: $(VENV)/.installed-docs
 	$(BIN)/mkdocs build --strict
+
+# Starts its own durable PostgreSQL (never $DATABASE_URL's: tests tune theirs for speed);
+# BENCH_ARGS="--database-url URL" to use another server. Results go to bench/results/.
+bench: $(VENV)/.installed-bench
+	$(PY) bench/run.py $(BENCH_ARGS)
 
 clean:
 	rm -rf build dist site .pytest_cache .ruff_cache example_project/media

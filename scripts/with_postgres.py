@@ -25,7 +25,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 TEST_TUNING = ["fsync=off", "synchronous_commit=off", "full_page_writes=off"]
 
@@ -68,50 +68,69 @@ def _system_bindir() -> str:
     return os.path.dirname(candidates[-1])
 
 
-@contextlib.contextmanager
-def system_server() -> Iterator[str]:
-    bindir = _system_bindir()
-    base = tempfile.mkdtemp(prefix="pgqueue-system-")
-    as_user: list[str] = []
-    if os.geteuid() == 0:
-        # The server binaries refuse to run as root.
-        shutil.chown(base, "postgres", "postgres")
-        as_user = ["runuser", "-u", "postgres", "--"]
-    data = os.path.join(base, "data")
-    port = _free_port()
-    subprocess.run(
-        [*as_user, f"{bindir}/initdb", "-D", data, "-U", "postgres", "--auth=trust", "-N"],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
-    options = f"-c listen_addresses=127.0.0.1 -p {port} -k {base} " + " ".join(
-        f"-c {setting}" for setting in TEST_TUNING
-    )
-    subprocess.run(
-        [
-            *as_user,
-            f"{bindir}/pg_ctl",
-            "-D",
-            data,
-            "-l",
-            f"{base}/log",
-            "-w",
-            "-o",
-            options,
-            "start",
-        ],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
-    finally:
+class SystemCluster:
+    """A throwaway cluster of the system binaries that its owner can stop and restart.
+
+    Run as the ``postgres`` user when we are root (the server binaries refuse root).
+    ``settings`` (``name=value`` strings) are passed to the server with ``-c``. Tests
+    that restart the server (tests/faults/) use this; ``system_server`` wraps it.
+    """
+
+    def __init__(self, settings: Sequence[str] = TEST_TUNING) -> None:
+        self.bindir = _system_bindir()
+        self.base = tempfile.mkdtemp(prefix="pgqueue-system-")
+        self.as_user: list[str] = []
+        if os.geteuid() == 0:
+            shutil.chown(self.base, "postgres", "postgres")
+            self.as_user = ["runuser", "-u", "postgres", "--"]
+        self.data = os.path.join(self.base, "data")
+        self.port = _free_port()
+        self.options = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.base} " + " ".join(
+            f"-c {setting}" for setting in settings
+        )
+        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _pg_ctl(self, *args: str, check: bool = True) -> None:
         subprocess.run(
-            [*as_user, f"{bindir}/pg_ctl", "-D", data, "-m", "immediate", "-w", "stop"],
-            check=False,
+            [*self.as_user, f"{self.bindir}/pg_ctl", "-D", self.data, *args],
+            check=check,
             stdout=subprocess.DEVNULL,
         )
-        shutil.rmtree(base, ignore_errors=True)
+
+    def start(self) -> str:
+        """Create the cluster and start it; return its URL."""
+        initdb = [f"{self.bindir}/initdb", "-D", self.data, "-U", "postgres", "--auth=trust"]
+        subprocess.run(
+            [*self.as_user, *initdb, "-N"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        self._pg_ctl("-l", f"{self.base}/log", "-w", "-o", self.options, "start")
+        return self.url
+
+    def restart(self, mode: str = "fast") -> None:
+        """``pg_ctl restart -m mode`` (``smart``, ``fast`` or ``immediate``): every
+        connection is cut; returns once the server accepts connections again."""
+        self._pg_ctl("-l", f"{self.base}/log", "-w", "-m", mode, "-o", self.options, "restart")
+
+    def stop(self) -> None:
+        """Stop the server at once and delete the cluster."""
+        self._pg_ctl("-m", "immediate", "-w", "stop", check=False)
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def system_server(settings: Sequence[str] = TEST_TUNING) -> Iterator[str]:
+    """Start a throwaway cluster of the system binaries; yield its URL.
+
+    ``settings`` (``name=value`` strings) are passed to the server with ``-c``; the
+    default is the test tuning. The benchmark passes durable settings instead.
+    """
+    cluster = SystemCluster(settings)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
 
 
 def _run(command: list[str], env: dict[str, str] | None = None) -> int:

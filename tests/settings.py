@@ -3,6 +3,7 @@
 import json
 import os
 
+import django
 import environ
 
 env = environ.Env()
@@ -22,6 +23,9 @@ ALLOWED_HOSTS = ["*"]
 
 DATABASES = {"default": env.db_url("DATABASE_URL")}
 DATABASES["default"]["TEST"] = {"NAME": env.str("PGQUEUE_TEST_DB_NAME", "test_pgqueue")}
+# Worker processes of tests/faults/ behind PgBouncer: a direct alias to LISTEN on.
+if "PGQUEUE_TEST_DIRECT_URL" in env:
+    DATABASES["direct"] = env.db_url("PGQUEUE_TEST_DIRECT_URL")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -29,9 +33,21 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    # The live server of the browser tests serves the admin's static files through it.
+    "django.contrib.staticfiles",
     "django_pgqueue",
     "tests.testapp",
 ]
+if django.VERSION < (6, 0):
+    INSTALLED_APPS.append("django_tasks")  # the Django Tasks backport (its checks, signals)
+
+# Django Tasks run on django-pgqueue (tests/test_tasks_*.py; tasks in tests/testapp/tasks.py).
+TASKS = {
+    "default": {
+        "BACKEND": "django_pgqueue.backends.PgQueueBackend",
+        "QUEUES": ["default", "tasks-other"],
+    }
+}
 
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -41,6 +57,7 @@ MIDDLEWARE = [
 ]
 
 ROOT_URLCONF = "tests.urls"
+STATIC_URL = "/static/"
 
 TEMPLATES = [
     {
