@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -472,3 +473,39 @@ def test_enqueue_many_rejects_malformed_specs(specs, field, message, assert_reje
     error = assert_rejected(lambda: enqueue_many(specs), field)
 
     assert message in str(error)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_autocommit_enqueues_in_quick_succession_share_one_notification(
+    other_connection, monkeypatch
+):
+    enqueue_module = importlib.import_module("django_pgqueue.enqueue")
+
+    # A window far longer than the test, so that timing on a busy machine cannot matter.
+    monkeypatch.setattr(enqueue_module, "NOTIFY_COALESCE_SECONDS", 3600)
+    monkeypatch.setattr(enqueue_module, "_last_notified", {})
+    other_connection.execute("LISTEN pgqueue_jobs")
+    for _ in range(5):
+        enqueue("tests.record")
+    enqueue("tests.record", queue="other")  # another queue is notified on its own
+    enqueue_module._last_notified.clear()  # as if the window had passed
+    enqueue("tests.record")
+
+    payloads = [n.payload for n in other_connection.notifies(timeout=1, stop_after=10)]
+
+    assert payloads == ["default", "other", "default"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueues_inside_transactions_always_notify_on_commit(other_connection, monkeypatch):
+    enqueue_module = importlib.import_module("django_pgqueue.enqueue")
+
+    monkeypatch.setattr(enqueue_module, "NOTIFY_COALESCE_SECONDS", 3600)
+    other_connection.execute("LISTEN pgqueue_jobs")
+    enqueue("tests.record")
+    with transaction.atomic():
+        enqueue("tests.record", queue="in_tx")
+
+    payloads = {n.payload for n in other_connection.notifies(timeout=1, stop_after=2)}
+
+    assert "in_tx" in payloads

@@ -340,3 +340,18 @@ def test_worker_survives_its_connections_being_killed_and_loses_nothing():
     assert Job.objects.exclude(status=JobStatus.COMPLETED).count() == 0
     executed = set(Execution.objects.values_list("job_id", flat=True))
     assert executed == {job.id for job in jobs}
+
+
+def test_jobs_whose_notify_was_coalesced_still_start_without_waiting_for_a_poll():
+    from django_pgqueue.enqueue import NOTIFY_COALESCE_SECONDS
+
+    with worker_thread(concurrency=4, poll_interval=30) as worker:
+        listener = wait_for(lambda: _listener(worker))
+        wait_for(listener.listening.is_set)
+        time.sleep(0.2)
+        jobs = [enqueue("tests.record") for _ in range(20)]  # autocommit: NOTIFYs coalesce
+        wait_for(
+            lambda: Job.objects.filter(status=JobStatus.COMPLETED).count() == len(jobs),
+            timeout=10,
+        )
+    assert NOTIFY_COALESCE_SECONDS < 0.1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable
 
 import psycopg
@@ -36,6 +37,8 @@ class NotificationListener(threading.Thread):
         self._wake = wake
         self._stopping = stopping
         self.listening = threading.Event()
+        #: ``time.monotonic()`` of the last relevant notification (0: none yet).
+        self.last_notified = 0.0
 
     def run(self) -> None:
         delay = 0.5
@@ -61,6 +64,7 @@ class NotificationListener(threading.Thread):
             while not self._stopping.is_set():
                 for notification in conn.notifies(timeout=0.5):
                     if self._queues is None or notification.payload in self._queues:
+                        self.last_notified = time.monotonic()
                         self._wake.set()
         finally:
             self.listening.clear()

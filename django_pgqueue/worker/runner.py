@@ -25,6 +25,7 @@ from typing import Any
 import psycopg
 
 from .. import conf, registry, validation
+from ..enqueue import NOTIFY_COALESCE_SECONDS
 from ..exceptions import InvalidArgumentError, InvalidWorkerOptionError
 from ..models import Job
 from ..sideconn import open_raw_connection
@@ -105,6 +106,8 @@ class Worker:
         #: Round trips of the main loop (each records outcomes and/or claims a batch).
         self.round_trips = 0
         self._conn: psycopg.Connection[Any] | None = None
+        self._listener: NotificationListener | None = None
+        self._last_claim_at = 0.0
 
     @property
     def processed(self) -> int:
@@ -255,7 +258,16 @@ class Worker:
         for running in self._running.values():
             if running.deadline is not None:
                 timeout = min(timeout, max(running.deadline - now, 0.0) + 0.01)
+        if self._listener is not None and self._free_slots() > 0:
+            # Enqueuers skip the NOTIFY of a job committed just after one they sent
+            # (enqueue.NOTIFY_COALESCE_SECONDS): claim once more that long after each one.
+            recheck_at = self._listener.last_notified + NOTIFY_COALESCE_SECONDS
+            if self._last_claim_at < recheck_at:
+                timeout = min(timeout, max(recheck_at - now, 0.0))
         return timeout
+
+    def _free_slots(self) -> int:
+        return self.concurrency - len(self._running) - len(self._abandoned)
 
     def _cycle(self, slots: SlotPool | None) -> tuple[list[Job], int]:
         """Record pending outcomes, claim into free slots and start what was claimed.
@@ -263,12 +275,14 @@ class Worker:
         The three statements go to the server as one pipeline: one network round trip
         and one transaction, so a failure leaves nothing half done.
         """
-        free = self.concurrency - len(self._running) - len(self._abandoned)
+        free = self._free_slots()
         asked = 0 if slots is None or self._stopping.is_set() else min(free, self.batch_size)
         asked = max(asked, 0)
         outcomes = self._outcomes
         if not outcomes and not asked:
             return [], 0
+        if asked:
+            self._last_claim_at = time.monotonic()
         conn = self._db()
         finish = claim = start = None
         with conn.pipeline():
@@ -411,16 +425,15 @@ class Worker:
             )
         ]
         if self.listen:
-            threads.append(
-                NotificationListener(
-                    # LISTEN needs a session: through a transaction pooler it hears nothing.
-                    alias=settings.LISTEN_DATABASE or self.using,
-                    channel=settings.NOTIFY_CHANNEL,
-                    queues=self.queues,
-                    wake=self._wake,
-                    stopping=self._threads_stopping,
-                )
+            self._listener = NotificationListener(
+                # LISTEN needs a session: through a transaction pooler it hears nothing.
+                alias=settings.LISTEN_DATABASE or self.using,
+                channel=settings.NOTIFY_CHANNEL,
+                queues=self.queues,
+                wake=self._wake,
+                stopping=self._threads_stopping,
             )
+            threads.append(self._listener)
         for thread in threads:
             thread.start()
         return threads
