@@ -15,8 +15,17 @@ RETURNS TABLE (
     new_status varchar,
     attempts_made integer
 )
-LANGUAGE sql
+LANGUAGE plpgsql
 AS $$
+BEGIN
+    -- A zero or negative age would "recover" jobs of live workers.
+    IF p_stale_after IS NULL OR p_stale_after <= interval '0' THEN
+        RAISE EXCEPTION 'recover_stale_jobs: p_stale_after must be a positive interval, got %',
+            p_stale_after
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    RETURN QUERY
     WITH stale AS (
         SELECT id, worker_id, status, attempts >= max_attempts AS exhausted,
                COALESCE(heartbeat_at, claimed_at) AS last_seen
@@ -45,4 +54,5 @@ AS $$
       FROM stale
      WHERE jobs.id = stale.id
     RETURNING jobs.id, jobs.job_type, stale.worker_id, jobs.status, jobs.attempts;
+END;
 $$;

@@ -19,6 +19,17 @@ def noop(job):
 @job("tests.record", priority=150)
 def record(job):
     """Record the execution, then sleep ``data['sleep']`` seconds."""
+    _record_execution(job)
+
+
+@job("tests.durable", max_attempts=50, retry_backoff=NO_BACKOFF)
+def durable(job):
+    """``tests.record`` with attempts to spare: fault tests cut connections under it,
+    which fails attempts, and want every job completed in the end (tests/faults/)."""
+    _record_execution(job)
+
+
+def _record_execution(job):
     started = timezone.now()
     time.sleep(job.data.get("sleep", 0))
     Execution.objects.create(

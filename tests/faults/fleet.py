@@ -1,0 +1,139 @@
+"""Worker processes under attack, and the figures that tell whether a job was lost or
+run twice at once."""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from tests.workers import WorkerProcess
+
+JOB_TYPE = "tests.durable"
+
+
+@dataclass
+class Fleet:
+    """``size`` ``pgqueue_worker`` processes; a killed one is replaced by a new one."""
+
+    size: int
+    args: tuple[str, ...] = ("--concurrency", "4", "--poll-interval", "0.2")
+    env: dict[str, str] | None = None
+    processes: dict[int, WorkerProcess] = field(default_factory=dict)
+    generation: int = 0
+    killed_ids: list[str] = field(default_factory=list)
+    retired: list[WorkerProcess] = field(default_factory=list)
+
+    def _spawn(self, slot: int) -> None:
+        self.generation += 1
+        worker_id = f"w{slot}-{self.generation}"
+        process = WorkerProcess(*self.args, "--worker-id", worker_id, env=self.env)
+        process.worker_id = worker_id  # type: ignore[attr-defined]
+        self.processes[slot] = process
+
+    def start(self) -> Fleet:
+        for slot in range(self.size):
+            self._spawn(slot)
+        return self
+
+    def kill_and_replace(self, slot: int) -> str:
+        """SIGKILL the worker in ``slot`` and start a new one; return the killed id."""
+        process = self.processes[slot]
+        process.signal(signal.SIGKILL)
+        process.wait(timeout=10)
+        self.killed_ids.append(process.worker_id)  # type: ignore[attr-defined]
+        self.retired.append(process)
+        self._spawn(slot)
+        return process.worker_id  # type: ignore[attr-defined]
+
+    def assert_alive(self) -> None:
+        for process in self.processes.values():
+            assert process.process.poll() is None, process.output()[-3000:]
+
+    def outputs(self) -> str:
+        return "\n".join(p.output() for p in [*self.retired, *self.processes.values()])
+
+    def stop(self) -> str:
+        """Stop every process; return their combined output."""
+        output = self.outputs()
+        for process in [*self.processes.values(), *self.retired]:
+            process.stop()
+        return output
+
+
+def enqueue_sql(conn: psycopg.Connection[Any], count: int, sleep: float = 0.0) -> None:
+    """Insert ``count`` due ``tests.durable`` jobs in one statement (no NOTIFY: workers
+    find them by polling, as after a restart)."""
+    conn.execute(
+        "INSERT INTO pgqueue_jobs (job_type, data) "
+        "SELECT %s, jsonb_build_object('sleep', %s::float8) FROM generate_series(1, %s)",
+        [JOB_TYPE, sleep, count],
+    )
+
+
+_FIGURES = """
+WITH runs AS (
+    SELECT job_id, worker_id, started_at, finished_at,
+           lead(started_at) OVER (PARTITION BY job_id ORDER BY started_at) AS next_start
+      FROM testapp_execution
+)
+SELECT (SELECT count(*) FROM pgqueue_jobs WHERE job_type = %(t)s),
+       (SELECT count(*) FROM pgqueue_jobs WHERE job_type = %(t)s AND status = 'completed'),
+       (SELECT count(*) FROM pgqueue_jobs j WHERE job_type = %(t)s
+           AND NOT EXISTS (SELECT 1 FROM testapp_execution e WHERE e.job_id = j.id)),
+       (SELECT count(*) FROM runs),
+       (SELECT count(DISTINCT job_id) FROM runs),
+       (SELECT count(*) FROM runs WHERE next_start < finished_at),
+       (SELECT coalesce(sum(attempts), 0) FROM pgqueue_jobs WHERE job_type = %(t)s)
+"""
+
+
+def execution_figures(conn: psycopg.Connection[Any]) -> dict[str, int]:
+    """Jobs, completed, lost (not completed or never run), executions, duplicates,
+    overlaps (a run of a job starting before its previous run ended), attempts."""
+    row = conn.execute(_FIGURES, {"t": JOB_TYPE}).fetchone()
+    assert row is not None
+    jobs, completed, never_run, executions, distinct, overlaps, attempts = row
+    return {
+        "jobs": jobs,
+        "completed": completed,
+        "lost": jobs - completed + never_run,
+        "executions": executions,
+        "duplicates": executions - distinct,
+        "overlaps": overlaps,
+        "attempts": attempts,
+    }
+
+
+def duplicate_runs_by(conn: psycopg.Connection[Any]) -> list[tuple[Any, str]]:
+    """(job id, worker id) of every run of a job but its last: the runs that were
+    repeated, whose workers must have died before recording the outcome."""
+    return conn.execute(
+        "SELECT job_id, worker_id FROM ("
+        "  SELECT job_id, worker_id,"
+        "         row_number() OVER (PARTITION BY job_id ORDER BY started_at DESC) AS n"
+        "    FROM testapp_execution) runs WHERE n > 1"
+    ).fetchall()
+
+
+def wait_until_drained(
+    conn: psycopg.Connection[Any], deadline: float, fleet: Fleet | None = None
+) -> None:
+    """Wait until every ``tests.durable`` job is finished, or fail at ``deadline``."""
+    while time.monotonic() < deadline:
+        left = conn.execute(
+            "SELECT count(*) FROM pgqueue_jobs WHERE job_type = %s "
+            "AND status NOT IN ('completed', 'failed', 'cancelled')",
+            [JOB_TYPE],
+        ).fetchone()
+        if left is not None and left[0] == 0:
+            return
+        time.sleep(0.2)
+    status = conn.execute("SELECT status, count(*) FROM pgqueue_jobs GROUP BY status").fetchall()
+    raise AssertionError(
+        f"not drained by the deadline: {status}\n"
+        + (fleet.outputs()[-4000:] if fleet is not None else "")
+    )

@@ -1,0 +1,160 @@
+"""Random interleavings of enqueue, claim, start, finish, release, worker death,
+recovery, cancel and retry, all through the real SQL, keep the job state machine's
+invariants (hypothesis; bounded: a fixed number of examples and steps)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
+
+from django_pgqueue import enqueue
+from django_pgqueue.models import Job
+from django_pgqueue.recovery import recover_stale_jobs
+from django_pgqueue.worker import queries
+
+pytestmark = pytest.mark.django_db
+
+WORKERS = st.sampled_from(["w1", "w2", "w3"])
+EXAMPLES = 40
+STEPS = 30
+
+_INVARIANTS = """
+SELECT id, status, worker_id, attempts, max_attempts, completed_at,
+       jsonb_array_length(worker_ids)
+  FROM pgqueue_jobs
+ WHERE (status = 'pending' AND worker_id IS NOT NULL)
+    OR (status IN ('claimed', 'running') AND worker_id IS NULL)
+    OR attempts < 0 OR attempts > max_attempts
+    OR (status IN ('completed', 'failed', 'cancelled')) <> (completed_at IS NOT NULL)
+    OR jsonb_array_length(worker_ids) <> attempts
+"""
+
+
+class JobStateMachine(RuleBasedStateMachine):
+    """One transaction (the ``db`` test's): ``now()`` is fixed, so every retry or
+    recovery with no delay is due again at once."""
+
+    @initialize()
+    def empty_table(self) -> None:
+        Job.objects.all().delete()
+        self.enqueued = 0
+
+    def _held(self, worker: str) -> list[tuple[Any, int, int]]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT id, attempts, max_attempts FROM pgqueue_jobs "
+                "WHERE worker_id = %s AND status IN ('claimed', 'running')",
+                [worker],
+            )
+            return cursor.fetchall()
+
+    def _finish(self, worker: str, outcomes: list[tuple[Any, str, int]]) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                queries.FINISH,
+                [
+                    [o[0] for o in outcomes],
+                    [o[1] for o in outcomes],
+                    [0.0] * len(outcomes),
+                    [o[2] for o in outcomes],
+                    ["boom"] * len(outcomes),
+                    [None] * len(outcomes),
+                    [None] * len(outcomes),
+                    worker,
+                ],
+            )
+
+    @rule(count=st.integers(1, 4), max_attempts=st.integers(1, 3))
+    def enqueue_jobs(self, count: int, max_attempts: int) -> None:
+        for _ in range(count):
+            enqueue("tests.noop", max_attempts=max_attempts)
+        self.enqueued += count
+
+    @rule(worker=WORKERS, batch=st.integers(1, 5), start=st.booleans())
+    def claim(self, worker: str, batch: int, start: bool) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(queries.CLAIM, [worker, None, batch, None])
+            if start:
+                cursor.execute(queries.MARK_RUNNING, [worker])
+
+    @rule(worker=WORKERS)
+    def start(self, worker: str) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(queries.MARK_RUNNING, [worker])
+
+    @rule(worker=WORKERS, outcome=st.sampled_from(["completed", "error", "cancelled"]))
+    def finish(self, worker: str, outcome: str) -> None:
+        """Record outcomes the way the worker decides them (execution.py)."""
+        outcomes = []
+        for job_id, attempts, max_attempts in self._held(worker):
+            status = outcome
+            if outcome == "error":
+                status = "failed" if attempts >= max_attempts else "pending"
+            outcomes.append((job_id, status, 0))
+        if outcomes:
+            self._finish(worker, outcomes)
+
+    @rule(worker=WORKERS)
+    def release_at_shutdown(self, worker: str) -> None:
+        self._finish(worker, [(job_id, "pending", 1) for job_id, _, _ in self._held(worker)])
+
+    @rule(worker=WORKERS)
+    def die(self, worker: str) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE pgqueue_jobs SET heartbeat_at = now() - interval '1 hour' "
+                "WHERE worker_id = %s AND status IN ('claimed', 'running')",
+                [worker],
+            )
+
+    @rule()
+    def recover(self) -> None:
+        recover_stale_jobs(60)
+
+    @rule(data=st.data())
+    def cancel_some(self, data: st.DataObject) -> None:
+        ids = list(Job.objects.values_list("id", flat=True))
+        if ids:
+            Job.objects.filter(pk__in=data.draw(st.lists(st.sampled_from(ids)))).cancel()
+
+    @rule(data=st.data())
+    def retry_some(self, data: st.DataObject) -> None:
+        ids = list(Job.objects.values_list("id", flat=True))
+        if ids:
+            Job.objects.filter(pk__in=data.draw(st.lists(st.sampled_from(ids)))).retry()
+
+    @invariant()
+    def states_are_consistent(self) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(_INVARIANTS)
+            assert cursor.fetchall() == []
+
+    @invariant()
+    def no_job_is_lost(self) -> None:
+        assert Job.objects.count() == self.enqueued
+
+
+def test_random_interleavings_keep_the_state_machine_invariants(figures):
+    run_state_machine_as_test(
+        JobStateMachine,
+        settings=settings(
+            max_examples=EXAMPLES,
+            stateful_step_count=STEPS,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+        ),
+    )
+    figures(examples=EXAMPLES, steps_per_example=STEPS)
