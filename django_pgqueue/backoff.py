@@ -26,7 +26,7 @@ class Backoff:
         """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
         exponent = max(attempt - 1, 0)
         # Cap the exponent before computing: factor ** 1000 overflows a float.
-        raw = self.max if exponent > 64 else min(self.max, self.base * self.factor**exponent)
+        raw = float(self.max if exponent > 64 else min(self.max, self.base * self.factor**exponent))
         if not self.jitter:
             return raw
         return random.uniform(raw / 2, raw)

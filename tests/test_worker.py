@@ -306,14 +306,9 @@ def test_retry_and_run_now_wake_idle_workers():
 
 
 def _listener(worker):
-    import threading
-
-    from django_pgqueue.worker.listener import NotificationListener
-
-    for thread in threading.enumerate():
-        if isinstance(thread, NotificationListener) and thread.is_alive():
-            return thread
-    return None
+    """The worker's LISTEN thread once it runs, or None (e.g. with NOTIFY off)."""
+    listener = worker._listener
+    return listener if listener is not None and listener.is_alive() else None
 
 
 def test_worker_survives_its_connections_being_killed_and_loses_nothing():
@@ -355,3 +350,17 @@ def test_jobs_whose_notify_was_coalesced_still_start_without_waiting_for_a_poll(
             timeout=10,
         )
     assert NOTIFY_COALESCE_SECONDS < 0.1
+
+
+def test_integer_retry_delays_mixed_with_float_ones_are_recorded():
+    # Backoff(jitter=False) capped by an int max used to yield an int delay, which psycopg
+    # refused in the same list as float ones: the worker then retried the write forever.
+    from django_pgqueue import Backoff
+
+    assert isinstance(Backoff(base=10, max=60, jitter=False).delay(5), float)
+    failing = [enqueue("tests.fail") for _ in range(3)]
+    with worker_thread(concurrency=3, poll_interval=0.1) as worker:
+        wait_for(lambda: worker.stats["pending"] >= 3, timeout=10)
+    for job in failing:
+        job.refresh_from_db()
+        assert job.last_error.startswith("RuntimeError: boom on attempt")

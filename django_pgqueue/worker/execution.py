@@ -65,7 +65,7 @@ def _retry_or_fail(running: RunningJob, error: str, tb: str | None, delay: float
             if definition
             else default_backoff().delay(job.attempts)
         )
-    return Outcome(job.id, "pending", delay=delay, error=error, traceback=tb)
+    return Outcome(job.id, "pending", delay=float(delay), error=error, traceback=tb)
 
 
 def failure_outcome(running: RunningJob, exc: BaseException) -> Outcome:

@@ -170,7 +170,11 @@ class Worker:
             slots.stop()
             self._threads_stopping.set()
             for thread in threads:
-                thread.join(timeout=2)
+                # The listener is not waited for: it notices the stop within its 0.5 s
+                # notification timeout and is a daemon thread, so an exiting worker
+                # (a --burst run, say) need not pay that wait.
+                if thread is not self._listener:
+                    thread.join(timeout=2)
             self._drop_connection()
             for signum, handler in previous_handlers.items():
                 signal.signal(signum, handler)
@@ -232,6 +236,17 @@ class Worker:
                 self._enforce_timeouts()
                 claimed, asked = self._cycle(slots)
                 failures = 0
+            except (psycopg.DataError, psycopg.ProgrammingError, psycopg.IntegrityError):
+                # Not an outage: sending the same outcomes again would fail forever. Drop
+                # them; no longer heartbeated, their jobs go stale and recovery retries
+                # them, so nothing is lost.
+                logger.exception(
+                    "could not record %d outcome(s); their jobs will be recovered",
+                    len(self._outcomes),
+                )
+                self._outcomes = []
+                self._drop_connection()
+                continue
             except psycopg.Error as exc:
                 failures += 1
                 delay = min(0.5 * 2 ** (failures - 1), 30.0)
@@ -465,7 +480,8 @@ def _finish_params(outcomes: list[Outcome], worker_id: str) -> list[Any]:
     return [
         [o.job_id for o in outcomes],
         [o.status for o in outcomes],
-        [o.delay for o in outcomes],
+        # float() always: psycopg refuses a list mixing ints and floats.
+        [float(o.delay) for o in outcomes],
         [o.refund for o in outcomes],
         [o.error for o in outcomes],
         [o.traceback for o in outcomes],
