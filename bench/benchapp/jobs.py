@@ -1,0 +1,27 @@
+"""The benchmark's job types; discovered by django_pgqueue's autodiscovery of ``jobs``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench import common
+from django_pgqueue import Backoff, job
+
+# The peers retry at once too: W6 measures the queue, not a backoff policy. Floats, as an
+# int delay among float ones fails the worker's batched FINISH (psycopg: mixed list types).
+NO_BACKOFF = Backoff(base=0.0, max=0.0, jitter=False)
+
+
+@job("bench.noop")
+def noop(job: Any) -> None:
+    """Do nothing; when asked to, report the start time to the latency probe."""
+    if "probe" in job.data:
+        common.probe(job.data["i"])
+
+
+@job("bench.cpu_flaky", max_attempts=3, retry_backoff=NO_BACKOFF)
+def cpu_flaky(job: Any) -> None:
+    """Burn 1 ms of CPU; every tenth job (by ``data["i"]``) fails its first attempt."""
+    common.burn_cpu()
+    if job.attempts == 1 and common.fails_first_attempt(job.data["i"]):
+        raise common.FlakyJobError(job.data["i"])

@@ -1,0 +1,300 @@
+"""Helpers shared by every system's harness: standard library only, because the peers'
+harnesses import this module from their own virtualenvs.
+
+A harness is a module run as ``python -m bench.systems.harness_<name> COMMAND ...``
+(see :func:`harness_main`). It prints one JSON object, its result, as the last line of
+its standard output. Worker processes it starts talk to it through their standard
+input and output: they print ``ready`` once set up, wait for ``go`` and print their
+start and end times, so that a drain is timed from the moment every worker is ready
+(interpreter start-up and imports are not the queue's cost).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: CPU time burnt by a W6 job.
+CPU_JOB_SECONDS = 0.001
+#: Every tenth job of W6 fails its first attempt.
+FAIL_EVERY = 10
+#: How long a worker may take to become ready, and a drain to finish, before the run
+#: is given up.
+READY_TIMEOUT = 60.0
+DRAIN_TIMEOUT = 600.0
+
+
+class FlakyJobError(Exception):
+    """Raised by the W6 job on the first attempt of every tenth job."""
+
+
+def fails_first_attempt(i: int) -> bool:
+    return i % FAIL_EVERY == 0
+
+
+def burn_cpu(seconds: float = CPU_JOB_SECONDS) -> None:
+    """Spin for ``seconds`` of thread CPU time (not wall time: the GIL is shared)."""
+    deadline = time.thread_time() + seconds
+    while time.thread_time() < deadline:
+        pass
+
+
+# -- latency probe -------------------------------------------------------------------
+
+_probe_socket: socket.socket | None = None
+
+
+def probe(i: int) -> None:
+    """Tell the harness that job ``i`` started now (UDP to ``BENCH_PROBE_PORT``)."""
+    global _probe_socket
+    port = os.environ.get("BENCH_PROBE_PORT")
+    if not port:
+        return
+    if _probe_socket is None:
+        _probe_socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    _probe_socket.sendto(f"{i} {time.monotonic()!r}".encode(), ("127.0.0.1", int(port)))
+
+
+class ProbeReceiver:
+    """The harness's end of the probe: ``wait(i)`` returns when job ``i`` started."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = int(self.sock.getsockname()[1])
+
+    def wait(self, i: int, timeout: float = 30.0) -> float:
+        """Return the monotonic time job ``i`` reported starting."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            try:
+                data = self.sock.recv(128)
+            except TimeoutError:
+                raise RuntimeError(f"job {i} did not start within {timeout:g}s") from None
+            number, started = data.decode().split()
+            if int(number) == i:
+                return float(started)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+# -- worker processes ----------------------------------------------------------------
+
+
+def worker_entry(run: Callable[[], None], setup: Callable[[], None] | None = None) -> None:
+    """The body of a worker process: set up, say ``ready``, wait for ``go``, run, report.
+
+    SIGTERM (used to stop non-burst workers) is left to ``run`` to handle.
+    """
+    if setup is not None:
+        setup()
+    print("ready", flush=True)
+    line = sys.stdin.readline()
+    if line.strip() != "go":
+        return
+    start = time.time()
+    run()
+    print(json.dumps({"start": start, "end": time.time()}), flush=True)
+
+
+@dataclass
+class WorkerGroup:
+    """Worker processes started by a harness, released together."""
+
+    processes: list[subprocess.Popen[str]]
+
+    @classmethod
+    def start(cls, commands: Sequence[Sequence[str]], env: dict[str, str] | None = None):
+        processes = [
+            subprocess.Popen(
+                list(command),
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for command in commands
+        ]
+        group = cls(processes)
+        try:
+            for process in processes:
+                group._expect_ready(process)
+        except BaseException:
+            group.kill()
+            raise
+        return group
+
+    @staticmethod
+    def _expect_ready(process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None
+        deadline = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < deadline:
+            line = process.stdout.readline()
+            if not line:
+                raise RuntimeError(f"worker exited before it was ready (status {process.wait()})")
+            if line.strip() == "ready":
+                return
+        raise RuntimeError("worker was not ready in time")
+
+    def go(self) -> None:
+        for process in self.processes:
+            assert process.stdin is not None
+            process.stdin.write("go\n")
+            process.stdin.flush()
+
+    def wait(self, timeout: float = DRAIN_TIMEOUT) -> tuple[float, float]:
+        """Wait for every worker to exit; return (earliest start, latest end)."""
+        starts, ends = [], []
+        deadline = time.monotonic() + timeout
+        try:
+            for process in self.processes:
+                assert process.stdout is not None
+                out, _ = process.communicate(timeout=max(deadline - time.monotonic(), 0.1))
+                if process.returncode != 0:
+                    raise RuntimeError(f"worker exited with status {process.returncode}")
+                times = json.loads(out.strip().splitlines()[-1])
+                starts.append(times["start"])
+                ends.append(times["end"])
+        except BaseException:
+            self.kill()
+            raise
+        return min(starts), max(ends)
+
+    def terminate(self, timeout: float = 30.0) -> None:
+        """SIGTERM every worker and wait for them to exit."""
+        for process in self.processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.processes:
+            try:
+                process.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    def kill(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def module_command(module: str, *args: str) -> list[str]:
+    """``python -m module args`` with this interpreter (the system's own virtualenv)."""
+    return [sys.executable, "-m", module, *args]
+
+
+# -- results -------------------------------------------------------------------------
+
+
+def emit(result: dict[str, Any]) -> None:
+    """Print a harness's result: one JSON line, the last of its output."""
+    print(json.dumps(result), flush=True)
+
+
+def rate(jobs: int, seconds: float) -> dict[str, Any]:
+    return {"jobs": jobs, "seconds": seconds, "rate": jobs / seconds if seconds > 0 else 0.0}
+
+
+def drain_rate(jobs: int, start: float, last_finished: float, exited: float) -> dict[str, Any]:
+    """A drain's result: timed from ``go`` to the last job recorded as finished (the
+    database's clock, the same machine's), not to the workers' exit, whose shutdown
+    is no measure of the queue; the time to exit is kept as ``wall``."""
+    result = rate(jobs, last_finished - start)
+    result["wall"] = exited - start
+    return result
+
+
+def with_database(url: str, name: str) -> str:
+    """``url`` with its database replaced by ``name``."""
+    return urlunsplit(urlsplit(url)._replace(path="/" + name))
+
+
+def django_database(url: str) -> dict[str, Any]:
+    """A Django ``DATABASES`` entry for a ``postgresql://`` URL.
+
+    Understands ``?host=/socket/dir`` (and ``port``) as well, the form of Unix-socket
+    URLs such as the embedded server's.
+    """
+    parts = urlsplit(url)
+    query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": unquote(parts.path.lstrip("/")),
+        "USER": unquote(parts.username or query.get("user", "")),
+        "PASSWORD": unquote(parts.password or query.get("password", "")),
+        "HOST": parts.hostname or query.get("host", ""),
+        "PORT": str(parts.port or query.get("port", "")),
+        # Workers keep their connections, as in production.
+        "CONN_MAX_AGE": None,
+    }
+
+
+def parse_layout(value: str) -> tuple[int, int]:
+    """``"2x2"`` -> (processes, slots per process)."""
+    processes, _, slots = value.partition("x")
+    return int(processes), int(slots)
+
+
+def harness_parser(description: str, extra: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The command line every harness accepts (see bench/run.py for the callers).
+
+    ``extra`` names further commands of this harness that take ``--jobs``.
+    """
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--dsn", required=True, help="URL of this system's own database")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("setup", help="install the schema")
+    for name in ("enqueue-single", "enqueue-bulk", *extra):
+        p = sub.add_parser(name)
+        p.add_argument("--jobs", type=int, required=True)
+        p.add_argument("--chunk", type=int, default=5000)
+    p = sub.add_parser("drain", help="enqueue (untimed), then time workers draining the queue")
+    p.add_argument("--jobs", type=int, required=True)
+    p.add_argument("--layout", default="1x4", help="PROCESSESxSLOTS")
+    p.add_argument("--kind", choices=["noop", "cpu_flaky"], default="noop")
+    p.add_argument("--keep", action="store_true", help="keep the rows already there")
+    p = sub.add_parser("latency", help="enqueue-commit to job start, idle worker")
+    p.add_argument("--samples", type=int, required=True)
+    p.add_argument("--layout", default="1x4")
+    p = sub.add_parser("fill-finished", help="add finished rows (W5)")
+    p.add_argument("--rows", type=int, required=True)
+    p = sub.add_parser("worker", help="(internal) one worker process")
+    p.add_argument("--slots", type=int, required=True)
+    p.add_argument("--burst", action="store_true")
+    p.add_argument("--batch-size", type=int, default=None)
+    return parser
+
+
+def latency_samples(
+    enqueue_one: Callable[[int], None], receiver: ProbeReceiver, samples: int
+) -> list[float]:
+    """Enqueue ``samples`` probe jobs one at a time; return each one's latency (s).
+
+    ``enqueue_one(i)`` must return once the enqueueing transaction committed. Between
+    samples the worker is left idle for a short, varying while.
+    """
+    latencies = []
+    for i in range(samples):
+        enqueue_one(i)
+        committed = time.monotonic()
+        started = receiver.wait(i)
+        latencies.append(started - committed)
+        time.sleep(0.02 + (i % 7) * 0.005)
+    return latencies

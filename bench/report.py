@@ -1,0 +1,387 @@
+"""Turn a benchmark's raw figures into the Markdown report, the targets and the chart."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Figure:
+    """One measured figure: every run's value, or the reason there is none."""
+
+    system: str
+    workload: str
+    variant: str = ""
+    values: list[float] = field(default_factory=list)
+    jobs: list[int] = field(default_factory=list)
+    #: The workload's nominal size; runs of another size are flagged in the report.
+    nominal: int = 0
+    error: str | None = None
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.values) if self.values else None
+
+    def cell(self, unit: str) -> str:
+        """``median (min-max)``, or why there is no value."""
+        if self.error and not self.values:
+            return self.error
+        if not self.values:
+            return "-"
+        fmt = _fmt_ms if unit == "ms" else _fmt_rate
+        text = fmt(self.median)
+        if len(self.values) > 1:
+            text += f" ({fmt(min(self.values))}-{fmt(max(self.values))})"
+        if self.nominal and any(n != self.nominal for n in self.jobs):
+            text += f" [n={'/'.join(f'{n:,}' for n in sorted(set(self.jobs)))}]"
+        if self.error:
+            text += f" ({self.error})"
+        return text
+
+
+@dataclass
+class SystemInfo:
+    name: str
+    label: str
+    version: str = ""
+    status: str = "ok"
+    slots: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Results:
+    meta: dict[str, Any]
+    systems: list[SystemInfo]
+    figures: list[Figure] = field(default_factory=list)
+
+    def figure(self, system: str, workload: str, variant: str = "") -> Figure:
+        for figure in self.figures:
+            if (figure.system, figure.workload, figure.variant) == (system, workload, variant):
+                return figure
+        figure = Figure(system, workload, variant)
+        self.figures.append(figure)
+        return figure
+
+    def find(self, system: str, workload: str, variant: str = "") -> Figure | None:
+        for figure in self.figures:
+            if (figure.system, figure.workload, figure.variant) == (system, workload, variant):
+                return figure
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "meta": self.meta,
+            "systems": [asdict(s) for s in self.systems],
+            "figures": [asdict(f) for f in self.figures],
+        }
+
+
+def _fmt_rate(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
+
+
+def _fmt_ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _ratio(value: float | None, reference: float | None) -> float | None:
+    if value is None or not reference:
+        return None
+    return value / reference
+
+
+# -- targets --------------------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    name: str
+    measured: float | None
+    goal: float
+    higher_is_better: bool = True
+    unit: str = ""
+    detail: str = ""
+
+    @property
+    def verdict(self) -> str:
+        if self.measured is None:
+            return "n/a"
+        ok = self.measured >= self.goal if self.higher_is_better else self.measured < self.goal
+        return "PASS" if ok else "MISS"
+
+    def row(self) -> str:
+        fmt = (lambda v: f"{v:.2f}x") if self.unit == "x" else _fmt_value(self.unit)
+        measured = "-" if self.measured is None else fmt(self.measured)
+        sign = ">=" if self.higher_is_better else "<"
+        goal = fmt(self.goal)
+        return f"| {self.name} | {sign} {goal} | {measured} | {self.verdict} | {self.detail} |"
+
+
+def _fmt_value(unit: str) -> Any:
+    if unit == "ms":
+        return lambda v: f"{v:.1f} ms"
+    return lambda v: f"{v:,.0f} jobs/s"
+
+
+def best_variant(results: Results, system: str, workload: str = "W3") -> Figure | None:
+    """The variant of ``system`` with the highest median for ``workload``."""
+    candidates = [
+        f
+        for f in results.figures
+        if f.system == system and f.workload == workload and f.median is not None
+    ]
+    return max(candidates, key=lambda f: f.median or 0.0, default=None)
+
+
+def targets(results: Results, ours: str = "pgqueue") -> list[Target]:
+    """The issue's targets for us, each with its measured value."""
+    best = best_variant(results, ours)
+    w3 = best.median if best else None
+    variant = best.variant if best else ""
+    ceiling = results.find("pgbench", "W3", "batch 50")
+    peers = [
+        f
+        for f in results.figures
+        if f.workload == "W3"
+        and f.system not in (ours, "pgbench")
+        and f.median is not None
+        and f.variant != ""
+    ]
+    best_peer = max(peers, key=lambda f: f.median or 0.0, default=None)
+    w1 = results.find(ours, "W1")
+    bare = results.find("reference", "W1", "bare INSERT")
+    w2 = results.find(ours, "W2")
+    w4 = results.find(ours, "W4-p50")
+    w5 = results.find(ours, "W5", variant)
+    slowdown = _ratio(w3, w5.median if w5 else None)
+    peer_label = f"{best_peer.system} {best_peer.variant}" if best_peer else "no peer measured"
+    return [
+        Target("W3 drain", w3, 10_000, unit="jobs/s", detail=f"best layout: {variant or '-'}"),
+        Target(
+            "W3 vs pgbench ceiling (batch 50)",
+            _ratio(w3, ceiling.median if ceiling else None),
+            0.6,
+            unit="x",
+            detail=f"ceiling {_fmt_rate(ceiling.median if ceiling else None)} jobs/s",
+        ),
+        Target(
+            "W3 vs best peer",
+            _ratio(w3, best_peer.median if best_peer else None),
+            3.0,
+            unit="x",
+            detail=f"{peer_label}: {_fmt_rate(best_peer.median if best_peer else None)} jobs/s",
+        ),
+        Target(
+            "W1 vs bare single-row INSERT",
+            _ratio(w1.median if w1 else None, bare.median if bare else None),
+            0.8,
+            unit="x",
+            detail=f"bare INSERT {_fmt_rate(bare.median if bare else None)} jobs/s",
+        ),
+        Target("W2 bulk enqueue", w2.median if w2 else None, 50_000, unit="jobs/s"),
+        Target("W4 latency p50", w4.median if w4 else None, 10.0, False, unit="ms"),
+        Target(
+            "W5 slowdown (W3 / W5)",
+            slowdown,
+            1.2,
+            False,
+            unit="x",
+            detail=f"layout {variant or '-'}",
+        ),
+    ]
+
+
+def targets_table(results: Results) -> str:
+    lines = ["| Target | Goal | Measured | Verdict | Detail |", "|---|---|---|---|---|"]
+    lines += [t.row() for t in targets(results)]
+    return "\n".join(lines)
+
+
+# -- Markdown -------------------------------------------------------------------------
+
+
+def _system_label(results: Results, name: str) -> str:
+    for system in results.systems:
+        if system.name == name:
+            return f"{system.label} {system.version}".strip()
+    return name
+
+
+def markdown(results: Results) -> str:
+    """The whole report: settings, the tables, the targets, the notes."""
+    meta = results.meta
+    out = [
+        "# django-pgqueue benchmark results",
+        "",
+        f"Run {meta.get('started', '?')} ({meta.get('mode', '?')} mode, "
+        f"{meta.get('runs', '?')} run(s) per figure, {meta.get('duration', '?')}); "
+        f"django-pgqueue at {meta.get('commit', '?')}. "
+        "Each cell: median (min-max) over the runs.",
+        "",
+        f"Machine: {meta.get('machine', '?')}. Sizes: {meta.get('sizes', '?')}.",
+        "",
+        "PostgreSQL settings (the same server and settings for every system):",
+        "",
+        "| setting | value |",
+        "|---|---|",
+        *(f"| {k} | {v} |" for k, v in meta.get("settings", {}).items()),
+        "",
+        "## Targets (django-pgqueue)",
+        "",
+        targets_table(results),
+        "",
+        "## Enqueue and latency",
+        "",
+        "| System | W1 single (jobs/s) | W2 bulk (jobs/s) | W4 p50 (ms) | W4 p99 (ms) |",
+        "|---|---|---|---|---|",
+    ]
+    for system in results.systems:
+        if system.status != "ok":
+            if system.name not in ("pgbench", "reference"):
+                out.append(f"| {system.label} | {system.status} | | | |")
+            continue
+        if system.name in ("pgbench", "reference"):
+            continue
+        cells = [
+            _cell(results, system.name, "W1", "", "jobs/s"),
+            _cell(results, system.name, "W2", "", "jobs/s"),
+            _cell(results, system.name, "W4-p50", "", "ms"),
+            _cell(results, system.name, "W4-p99", "", "ms"),
+        ]
+        out.append(f"| {_system_label(results, system.name)} | " + " | ".join(cells) + " |")
+    bare = results.find("reference", "W1", "bare INSERT")
+    if bare:
+        out.append(
+            f"| bare INSERT, 1 row per transaction (psycopg) | {bare.cell('jobs/s')} | | | |"
+        )
+    out += [
+        "",
+        "## Draining (4 worker slots in total)",
+        "",
+        "| System | Slots | W3 drain (jobs/s) | W5 after finished rows (jobs/s) | W5 slowdown "
+        "| W6 mixed (jobs/s) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for system in results.systems:
+        if system.status != "ok" or system.name == "reference":
+            continue
+        for variant, how in system.slots.items():
+            w3 = results.find(system.name, "W3", variant)
+            w5 = results.find(system.name, "W5", variant)
+            slowdown = _ratio(w3.median if w3 else None, w5.median if w5 else None)
+            cells = [
+                how,
+                _cell(results, system.name, "W3", variant, "jobs/s"),
+                _cell(results, system.name, "W5", variant, "jobs/s"),
+                "-" if slowdown is None else f"{slowdown:.2f}x",
+                _cell(results, system.name, "W6", variant, "jobs/s"),
+            ]
+            out.append(f"| {_system_label(results, system.name)} | " + " | ".join(cells) + " |")
+    out += ["", "## Notes", ""]
+    for system in results.systems:
+        for note in system.notes:
+            out.append(f"- {system.label}: {note}")
+    for note in meta.get("notes", []):
+        out.append(f"- {note}")
+    return "\n".join(out) + "\n"
+
+
+def _cell(results: Results, system: str, workload: str, variant: str, unit: str) -> str:
+    figure = results.find(system, workload, variant)
+    return figure.cell(unit) if figure else "-"
+
+
+# -- chart ----------------------------------------------------------------------------
+
+
+#: Chart panels: workload, title.
+PANELS = [
+    ("W1", "W1 single enqueue (jobs/s)"),
+    ("W2", "W2 bulk enqueue (jobs/s)"),
+    ("W3", "W3 drain (jobs/s)"),
+    ("W5", "W5 drain after finished rows (jobs/s)"),
+    ("W6", "W6 1 ms CPU, 10 % retried (jobs/s)"),
+    ("W4-p50", "W4 latency p50 (ms, lower is better)"),
+]
+
+
+def chart(results: Results, path: Path) -> None:
+    """A bar chart per workload: medians, min-max whiskers, the median written out."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8.5))
+    for ax, (workload, title) in zip(axes.flat, PANELS, strict=True):
+        figures = [f for f in results.figures if f.workload == workload and f.values]
+        medians = [f.median or 0.0 for f in figures]
+        low = [m - min(f.values) for m, f in zip(medians, figures, strict=True)]
+        high = [max(f.values) - m for m, f in zip(medians, figures, strict=True)]
+        positions = list(range(len(figures)))
+        ax.barh(
+            positions,
+            medians,
+            xerr=[low, high],
+            color=[_color(f.system) for f in figures],
+            capsize=3,
+        )
+        ax.set_yticks(positions, [_bar_label(f) for f in figures], fontsize=8)
+        ax.invert_yaxis()
+        ax.set_title(title, fontsize=10)
+        ax.grid(axis="x", alpha=0.3)
+        fmt = _fmt_ms if workload.startswith("W4") else _fmt_rate
+        for position, median, figure in zip(positions, medians, figures, strict=True):
+            ax.annotate(
+                fmt(median),
+                (max(figure.values), position),  # past the whisker
+                xytext=(4, 0),
+                textcoords="offset points",
+                va="center",
+                fontsize=8,
+            )
+        ax.margins(x=0.2)
+    fig.suptitle(
+        f"django-pgqueue and peers, {results.meta.get('started', '')}, "
+        f"{results.meta.get('mode', '')} mode: median of {results.meta.get('runs', '?')} "
+        "run(s), min-max whiskers",
+        fontsize=11,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _bar_label(figure: Figure) -> str:
+    if figure.system == "reference":
+        return figure.variant
+    return f"{figure.system} {figure.variant}".strip()
+
+
+def _color(system: str) -> str:
+    return {
+        "pgqueue": "#2a7ab9",
+        "pgbench": "#999999",
+        "reference": "#bbbbbb",
+        "procrastinate": "#e3872d",
+        "pgqueuer": "#3b9c54",
+        "django-tasks-db": "#b54a8f",
+    }.get(system, "#777777")
+
+
+def summary_lines(results: Results) -> Iterable[str]:
+    """What the command prints at the end: the targets, one per line."""
+    for target in targets(results):
+        measured = "-" if target.measured is None else f"{target.measured:,.2f}"
+        sign = ">=" if target.higher_is_better else "<"
+        yield (
+            f"{target.verdict:4}  {target.name}: {measured} {target.unit} "
+            f"(target {sign} {target.goal:g} {target.unit}) {target.detail}"
+        )

@@ -1,0 +1,783 @@
+"""Benchmark django-pgqueue against its peers and the pgbench ceiling.
+
+    python bench/run.py [--quick | --smoke] [--systems NAME,...] [--database-url URL]
+
+Starts its own durable PostgreSQL (the system server binaries; or uses
+``--database-url``), gives each system a fresh database, runs every workload for
+every system (each peer from PyPI in its own virtualenv under ``--venv-dir``), and
+writes ``results.md``, ``results.json`` and ``chart.png`` into ``--results-dir``.
+See bench/README.md for what each workload measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench import report  # noqa: E402
+from bench.report import Figure, Results, SystemInfo  # noqa: E402
+
+#: Durable settings for the benchmark's own server: never the test tuning. Checkpoints
+#: are spaced out so that none lands in the middle of a short run by chance.
+DURABLE_SETTINGS = [
+    "fsync=on",
+    "synchronous_commit=on",
+    "full_page_writes=on",
+    "shared_buffers=1GB",
+    "max_connections=200",
+    "max_wal_size=8GB",
+    "checkpoint_timeout=30min",
+]
+RECORDED_SETTINGS = [
+    "server_version",
+    "fsync",
+    "synchronous_commit",
+    "full_page_writes",
+    "wal_sync_method",
+    "shared_buffers",
+    "max_connections",
+    "max_wal_size",
+    "checkpoint_timeout",
+    "work_mem",
+    "autovacuum",
+]
+DB_PREFIX = "pgqueue_bench_"
+PGBENCH_SCRIPT = ROOT / "bench" / "pgbench" / "claim_complete.sql"
+PGBENCH_CLIENTS = 4
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much work each workload does, and how many runs make a figure."""
+
+    w1: int
+    w2: int
+    w3: int
+    w4: int
+    w5_rows: int
+    w6: int
+    runs: int
+    #: Seconds one run of a throughput figure should take at most. Before its first run,
+    #: a calibration run of a tenth of the size estimates the system's rate; a system too
+    #: slow to do the nominal size in time does fewer jobs (down to a quarter), the same
+    #: number in every run (flagged in the report). None: always the nominal size.
+    budget: float | None
+    #: Drains run in every layout of a system; the others in its first layout only.
+    every_layout: tuple[str, ...] = ("W3", "W5", "W6")
+
+    def describe(self) -> str:
+        return (
+            f"W1 {self.w1:,} jobs, W2 {self.w2:,}, W3 {self.w3:,}, W4 {self.w4} samples, "
+            f"W5 {self.w5_rows:,} finished rows, W6 {self.w6:,}"
+        )
+
+
+FULL = Sizes(10_000, 50_000, 20_000, 200, 1_000_000, 3_000, 3, 20.0)
+QUICK = Sizes(2_000, 10_000, 5_000, 50, 100_000, 1_000, 1, None)
+SMOKE = Sizes(100, 500, 200, 10, 1_000, 100, 1, None, every_layout=("W3",))
+
+
+@dataclass(frozen=True)
+class SystemSpec:
+    """A system under test: its harness, where it comes from, how it spends 4 slots."""
+
+    name: str
+    label: str
+    module: str
+    #: pip requirements of its own virtualenv; empty: this interpreter (django-pgqueue).
+    requirements: tuple[str, ...]
+    distribution: str
+    layouts: dict[str, str]
+    unsupported: dict[str, str] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+
+SYSTEMS = [
+    SystemSpec(
+        "pgqueue",
+        "django-pgqueue",
+        "bench.systems.harness_pgqueue",
+        (),
+        "django-pgqueue",
+        {
+            "1x4": "1 process x 4 threads (`--concurrency 4`)",
+            "2x2": "2 processes x 2 threads (`--concurrency 2`)",
+        },
+        notes=(
+            "`enqueue()` in autocommit (W1), `enqueue_many()` in chunks of 5,000 (W2), "
+            "`manage.py pgqueue_worker --burst` through `call_command` (W3, W5, W6); "
+            "package defaults (batch size = concurrency, NOTIFY on).",
+        ),
+    ),
+    SystemSpec(
+        "procrastinate",
+        "Procrastinate",
+        "bench.systems.harness_procrastinate",
+        ("procrastinate==3.10.0", "psycopg[binary]"),
+        "procrastinate",
+        {"1x4": "1 process, `concurrency=4` (async tasks)"},
+        notes=(
+            "`defer_async` (W1), `batch_defer_async` in chunks of 5,000 (W2), "
+            "`run_worker_async(wait=False)` (W3, W5, W6), `RetryStrategy(max_attempts=3)`.",
+        ),
+    ),
+    SystemSpec(
+        "pgqueuer",
+        "PgQueuer",
+        "bench.systems.harness_pgqueuer",
+        ("pgqueuer==1.6.0", "asyncpg"),
+        "pgqueuer",
+        {"1x4": "1 process, `max_concurrent_tasks=4`, `batch_size=2` (async)"},
+        notes=(
+            "asyncpg driver; finished jobs leave its queue table for `pgqueuer_log`, so W5's "
+            "finished rows go there; W6 uses `DatabaseRetryEntrypointExecutor` with no delay.",
+        ),
+    ),
+    SystemSpec(
+        "django-tasks-db",
+        "django-tasks-db",
+        "bench.systems.harness_django_tasks_db",
+        ("django-tasks-db[compat]==0.13.0", "psycopg[binary]"),
+        "django-tasks-db",
+        {"4x1": "4 `db_worker` processes x 1 task"},
+        unsupported={"W6": "n/a: no retries"},
+        notes=(
+            "Django 5.2 with the django-tasks backport; no bulk enqueue API (W2 is a loop, one "
+            "transaction per 5,000); `db_worker` polls (W4 with `--interval 0.1`, not the "
+            "default 1 s).",
+        ),
+    ),
+]
+PEER_EXTRA_LAYOUT = {"2x2": "2 processes x concurrency 2"}
+ALL_NAMES = [spec.name for spec in SYSTEMS] + ["pgbench"]
+
+
+class Unavailable(Exception):
+    """A system that cannot be installed or run here; reported, not fatal."""
+
+
+class HarnessError(Exception):
+    """One run of a harness failed."""
+
+
+# -- PostgreSQL -------------------------------------------------------------------------
+
+
+def _with_postgres() -> Any:
+    """scripts/with_postgres.py, which knows how to start the system server."""
+    spec = importlib.util.spec_from_file_location(
+        "with_postgres", ROOT / "scripts" / "with_postgres.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@contextlib.contextmanager
+def postgres(database_url: str | None) -> Iterator[str]:
+    """Yield the URL of the server to benchmark on: the given one, or a durable one."""
+    if database_url:
+        yield database_url
+        return
+    with _with_postgres().system_server(DURABLE_SETTINGS) as url:
+        yield url
+
+
+def _connect(url: str) -> Any:
+    import psycopg
+
+    return psycopg.connect(url, autocommit=True)
+
+
+def _with_database(url: str, name: str) -> str:
+    from bench.common import with_database
+
+    return with_database(url, name)
+
+
+def server_settings(url: str) -> dict[str, str]:
+    with _connect(url) as conn:
+        return {name: conn.execute(f"SHOW {name}").fetchone()[0] for name in RECORDED_SETTINGS}
+
+
+def fresh_database(admin_url: str, system: str) -> str:
+    """Create an empty database for ``system`` (dropping a leftover one); return its URL."""
+    name = DB_PREFIX + re.sub(r"\W", "_", system)
+    with _connect(admin_url) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return _with_database(admin_url, name)
+
+
+def drop_database(admin_url: str, url: str) -> None:
+    name = url.rsplit("/", 1)[1]
+    with contextlib.suppress(Exception), _connect(admin_url) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+# -- systems ----------------------------------------------------------------------------
+
+
+def ensure_venv(spec: SystemSpec, venv_dir: Path) -> str:
+    """Return the interpreter for ``spec``, creating its virtualenv when needed."""
+    if not spec.requirements:
+        return sys.executable
+    path = venv_dir / spec.name
+    python = path / "bin" / "python"
+    stamp = path / ".bench-requirements"
+    wanted = "\n".join(spec.requirements)
+    if python.exists() and stamp.exists() and stamp.read_text() == wanted:
+        return str(python)
+    log(f"installing {spec.label} into {path}")
+    try:
+        if not python.exists():
+            subprocess.run(
+                [sys.executable, "-m", "venv", str(path)], check=True, capture_output=True
+            )
+        subprocess.run(
+            [
+                str(python),
+                *("-m", "pip", "install", "--quiet", "--disable-pip-version-check"),
+                *spec.requirements,
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+    except subprocess.CalledProcessError as exc:
+        tail = (exc.stderr or exc.stdout or str(exc)).strip().splitlines()
+        raise Unavailable(f"pip install failed: {tail[-1] if tail else exc}") from None
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise Unavailable(f"cannot create its virtualenv: {exc}") from None
+    stamp.write_text(wanted)
+    return str(python)
+
+
+def distribution_version(python: str, distribution: str) -> str:
+    code = f"import importlib.metadata as m; print(m.version({distribution!r}))"
+    result = subprocess.run([python, "-c", code], capture_output=True, text=True, check=False)
+    return result.stdout.strip()
+
+
+def harness(python: str, module: str, dsn: str, *args: str, timeout: float) -> dict[str, Any]:
+    """Run one harness command in its own process group; return its JSON result."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    process = subprocess.Popen(
+        [python, "-m", module, "--dsn", dsn, *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise HarnessError(f"timed out after {timeout:.0f}s") from None
+    finally:
+        # Workers it started must not outlive it, whatever happened.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    if process.returncode != 0:
+        lines = [line for line in err.strip().splitlines() if line.strip()]
+        raise HarnessError(lines[-1][:200] if lines else f"exit status {process.returncode}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@dataclass
+class Prepared:
+    spec: SystemSpec
+    python: str
+    dsn: str
+    #: A second database holding the W5 finished rows, so that W3 and W5 runs alternate.
+    history: str
+    layouts: dict[str, str]
+
+    def run(self, *args: str, history: bool = False, timeout: float = 1800) -> dict[str, Any]:
+        dsn = self.history if history else self.dsn
+        return harness(self.python, self.spec.module, dsn, *args, timeout=timeout)
+
+
+# -- pgbench ----------------------------------------------------------------------------
+
+
+def pgbench_binary() -> str:
+    found = shutil.which("pgbench")
+    if found:
+        return found
+    with contextlib.suppress(SystemExit):
+        candidate = Path(_with_postgres()._system_bindir()) / "pgbench"
+        if candidate.exists():
+            return str(candidate)
+    raise Unavailable("pgbench not found (it ships with the PostgreSQL server packages)")
+
+
+def run_pgbench(binary: str, dsn: str, jobs: int, batch: int) -> dict[str, Any]:
+    """Claim-and-complete ``jobs`` pre-filled rows with pgbench; return the job rate."""
+    with _connect(dsn) as conn:
+        conn.execute("TRUNCATE pgqueue_jobs CASCADE")
+        conn.execute(
+            "INSERT INTO pgqueue_jobs (job_type, data, created_at) "
+            "SELECT 'bench.noop', jsonb_build_object('i', g), clock_timestamp() "
+            "FROM generate_series(1, %s) AS g",
+            [jobs],
+        )
+        conn.execute("ANALYZE pgqueue_jobs")  # as the harnesses do before a drain
+    per_client = math.ceil(jobs / (PGBENCH_CLIENTS * batch))
+    command = [
+        binary,
+        "-n",
+        "-M",
+        "extended",
+        "-c",
+        str(PGBENCH_CLIENTS),
+        "-j",
+        "2",
+        "-t",
+        str(per_client),
+        "-D",
+        f"batch={batch}",
+        "-f",
+        str(PGBENCH_SCRIPT),
+        dsn,
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=False)
+    match = re.search(r"tps = ([\d.]+) \(without initial connection time\)", result.stdout)
+    if result.returncode != 0 or not match:
+        raise HarnessError((result.stderr.strip().splitlines() or ["pgbench failed"])[-1])
+    with _connect(dsn) as conn:
+        done = conn.execute("SELECT count(*) FROM pgqueue_jobs WHERE status = 'completed'")
+        completed = done.fetchone()[0]
+    if completed != jobs:
+        raise HarnessError(f"pgbench completed {completed} of {jobs} jobs")
+    seconds = PGBENCH_CLIENTS * per_client / float(match.group(1))
+    return {"jobs": jobs, "seconds": seconds, "rate": jobs / seconds}
+
+
+# -- the benchmark ----------------------------------------------------------------------
+
+_started = time.monotonic()
+
+
+def log(message: str) -> None:
+    elapsed = int(time.monotonic() - _started)
+    print(f"[{elapsed // 60:02d}:{elapsed % 60:02d}] {message}", file=sys.stderr, flush=True)
+
+
+#: A harness call for a given number of jobs.
+Measure = Callable[[int], dict[str, Any]]
+FigureKey = tuple[str, str, str]
+
+
+class Bench:
+    """Runs the workloads, interleaving systems within each run so that a noisy moment
+    of the machine falls on all of them alike."""
+
+    def __init__(self, results: Results, sizes: Sizes) -> None:
+        self.results = results
+        self.sizes = sizes
+        self.systems: list[Prepared] = []
+        self.pgbench: tuple[str, str] | None = None
+        #: Jobs per run, by figure (system, workload, variant), once chosen.
+        self.jobs: dict[FigureKey, int] = {}
+
+    def record(
+        self,
+        figure: Figure,
+        what: str,
+        call: Any,
+        *,
+        key: str = "rate",
+        scale: float = 1.0,
+    ) -> dict[str, Any] | None:
+        try:
+            result = call()
+        except (HarnessError, Unavailable, OSError, subprocess.SubprocessError) as exc:
+            figure.error = f"error: {exc}"
+            log(f"{what}: FAILED: {exc}")
+            return None
+        figure.values.append(result[key] * scale)
+        if "jobs" in result:
+            figure.jobs.append(result["jobs"])
+        log(f"{what}: {result[key] * scale:,.1f}")
+        return result
+
+    def each_run(self) -> Iterator[int]:
+        yield from range(1, self.sizes.runs + 1)
+
+    def size(self, key: FigureKey, nominal: int, measure: Measure) -> int:
+        """Jobs per run of figure ``key``: ``nominal``, unless a calibration run shows
+        that the system needs far longer than the budget for it."""
+        if key in self.jobs:
+            return self.jobs[key]
+        jobs = nominal
+        budget = self.sizes.budget
+        if budget and nominal >= 2000:
+            probe = max(500, nominal // 10)
+            try:
+                rate = measure(probe)["rate"]
+            except (HarnessError, OSError, subprocess.SubprocessError, KeyError):
+                rate = 0.0
+            if rate and nominal / rate > 1.5 * budget:
+                # Not below a quarter: a calibration run is short and noisy, and start-up
+                # costs weigh more in a short run.
+                jobs = max(nominal // 4, int(rate * budget) // 500 * 500)
+                label = " ".join(part for part in key if part)
+                log(f"{label}: {rate:,.0f} jobs/s on {probe:,}: {jobs:,} jobs per run")
+        self.jobs[key] = jobs
+        return jobs
+
+    def throughput(
+        self, key: FigureKey, run: int, nominal: int, measure: Measure, jobs: int | None = None
+    ) -> None:
+        """One run of a jobs/s figure (sized by :meth:`size` unless ``jobs`` is given)."""
+        figure = self.results.figure(*key)
+        figure.nominal = nominal
+        if jobs is None:
+            jobs = self.size(key, nominal, measure)
+        label = " ".join(part for part in (key[1], f"run {run}", key[0], key[2]) if part)
+        self.record(figure, f"{label} ({jobs:,} jobs)", lambda: measure(jobs))
+
+    def enqueue(self, workload: str, command: str, nominal: int) -> None:
+        pgqueue = self._pgqueue()
+        for run in self.each_run():
+            for system in self.systems:
+                self.throughput(
+                    (system.spec.name, workload, ""),
+                    run,
+                    nominal,
+                    lambda n, s=system: s.run(command, "--jobs", str(n)),
+                )
+            if workload == "W1" and pgqueue:
+                self.throughput(
+                    ("reference", "W1", "bare INSERT"),
+                    run,
+                    nominal,
+                    lambda n, p=pgqueue: p.run("baseline-insert", "--jobs", str(n)),
+                )
+
+    def _pgqueue(self) -> Prepared | None:
+        return next((s for s in self.systems if s.spec.name == "pgqueue"), None)
+
+    def drain(self, workload: str, nominal: int, *, kind: str = "noop") -> None:
+        """W3 (each run followed by the same run of W5, in the database with the finished
+        rows: the W5 slowdown compares runs made side by side), or W6."""
+        for run in self.each_run():
+            for system in self.systems:
+                name = system.spec.name
+                layouts = list(system.layouts)
+                if workload not in self.sizes.every_layout:
+                    layouts = layouts[:1]
+                for layout in layouts:
+                    key = (name, workload, layout)
+                    if workload in system.spec.unsupported:
+                        self.results.figure(*key).error = system.spec.unsupported[workload]
+                        continue
+                    args = ["drain", "--layout", layout, "--kind", kind]
+                    self.throughput(
+                        key,
+                        run,
+                        nominal,
+                        lambda n, s=system, a=args: s.run(*a, "--jobs", str(n)),
+                    )
+                    paired = "W5" in self.sizes.every_layout or layout == layouts[0]
+                    if workload == "W3" and paired and (name, "W3", layout) in self.jobs:
+                        self.throughput(
+                            (name, "W5", layout),
+                            run,
+                            nominal,
+                            lambda n, s=system, a=args: s.run(
+                                *a, "--keep", "--jobs", str(n), history=True
+                            ),
+                            jobs=self.jobs[(name, "W3", layout)],
+                        )
+            if workload == "W3" and self.pgbench:
+                binary, dsn = self.pgbench
+                for batch in (1, 50):
+                    self.throughput(
+                        ("pgbench", "W3", f"batch {batch}"),
+                        run,
+                        nominal,
+                        lambda n, b=batch, x=binary, d=dsn: run_pgbench(x, d, n, b),
+                    )
+
+    def latency(self) -> None:
+        for run in self.each_run():
+            for system in self.systems:
+                p50 = self.results.figure(system.spec.name, "W4-p50")
+                p99 = self.results.figure(system.spec.name, "W4-p99")
+                layout = next(iter(system.layouts))
+                result = self.record(
+                    p50,
+                    f"W4 run {run} {system.spec.name} p50 ms",
+                    lambda s=system, layout=layout: _percentiles(
+                        s.run("latency", "--samples", str(self.sizes.w4), "--layout", layout)
+                    ),
+                    key="p50",
+                    scale=1000,
+                )
+                if result:
+                    p99.values.append(result["p99"] * 1000)
+                else:
+                    p99.error = p50.error
+
+
+def _percentiles(result: dict[str, Any]) -> dict[str, Any]:
+    samples = sorted(result["samples"])
+    if not samples:
+        raise HarnessError("no latency sample")
+    p99_index = min(len(samples) - 1, math.ceil(0.99 * len(samples)) - 1)
+    return {"p50": statistics.median(samples), "p99": samples[p99_index]}
+
+
+def prepare(bench: Bench, specs: Sequence[SystemSpec], admin_url: str, args: Any) -> None:
+    """Install, create a database for and set up each system; unavailable ones are noted."""
+    for spec in specs:
+        info = next(s for s in bench.results.systems if s.name == spec.name)
+        try:
+            python = ensure_venv(spec, Path(args.venv_dir))
+            info.version = distribution_version(python, spec.distribution)
+            dsn = fresh_database(admin_url, spec.name)
+            harness(python, spec.module, dsn, "setup", timeout=300)
+            history = fresh_database(admin_url, f"{spec.name}_w5")
+            harness(python, spec.module, history, "setup", timeout=300)
+            rows = str(bench.sizes.w5_rows)
+            filled = harness(
+                python, spec.module, history, "fill-finished", "--rows", rows, timeout=1800
+            )
+            log(f"{spec.label}: {bench.sizes.w5_rows:,} finished rows in {filled['seconds']:.1f}s")
+        except (Unavailable, HarnessError) as exc:
+            info.status = f"unavailable: {exc}"
+            log(f"{spec.label}: {info.status}")
+            continue
+        layouts = dict(spec.layouts)
+        if args.all_layouts and spec.requirements and "4x1" not in layouts:
+            layouts.update(PEER_EXTRA_LAYOUT)
+        info.slots = layouts
+        bench.systems.append(Prepared(spec, python, dsn, history, layouts))
+        log(f"{spec.label} {info.version}: ready")
+
+
+def prepare_pgbench(bench: Bench, admin_url: str) -> None:
+    info = next(s for s in bench.results.systems if s.name == "pgbench")
+    ours = next(s for s in SYSTEMS if s.name == "pgqueue")
+    try:
+        binary = pgbench_binary()
+        dsn = fresh_database(admin_url, "pgbench")
+        harness(sys.executable, ours.module, dsn, "setup", timeout=300)
+        version = subprocess.run([binary, "--version"], capture_output=True, text=True)
+        found = re.search(r"\d+(\.\d+)+", version.stdout)
+        info.version = found.group(0) if found else ""
+    except (Unavailable, HarnessError, OSError) as exc:
+        info.status = f"unavailable: {exc}"
+        log(f"pgbench: {info.status}")
+        return
+    info.slots = {
+        "batch 1": f"{PGBENCH_CLIENTS} clients, claim 1 per round",
+        "batch 50": f"{PGBENCH_CLIENTS} clients, claim 50 per round",
+    }
+    bench.pgbench = (binary, dsn)
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return f"{os.cpu_count()} CPUs ({cpu}), Python {platform.python_version()}"
+
+
+def git_commit() -> str:
+    result = subprocess.run(
+        ["git", "describe", "--always", "--dirty"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return result.stdout.strip() or "unknown"
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="1 run each, smaller sizes")
+    mode.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a few hundred jobs, 1 run, no chart (what the test suite runs)",
+    )
+    parser.add_argument("--runs", type=int, default=None, help="runs per figure (default: 3)")
+    parser.add_argument(
+        "--systems",
+        default=None,
+        help=f"comma-separated, from {','.join(ALL_NAMES)} (default: all; --smoke: pgqueue)",
+    )
+    parser.add_argument(
+        "--database-url",
+        default=None,
+        help="use this PostgreSQL server (a role that may create databases) instead of "
+        "starting one",
+    )
+    parser.add_argument(
+        "--results-dir",
+        default=None,
+        help="where to write results.md/json and chart.png "
+        "(default: bench/results; --smoke: nowhere)",
+    )
+    parser.add_argument(
+        "--venv-dir",
+        default=os.environ.get(
+            "PGQUEUE_BENCH_VENVS", str(Path.home() / ".cache" / "pgqueue-bench" / "venvs")
+        ),
+        help="where the peers' virtualenvs live (default: %(default)s)",
+    )
+    parser.add_argument("--no-chart", action="store_true", help="skip the PNG chart")
+    parser.add_argument(
+        "--all-layouts",
+        action="store_true",
+        help="also run the peers with 2 processes x 2 slots",
+    )
+    parser.add_argument(
+        "--keep-databases", action="store_true", help="leave the benchmark databases behind"
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    sizes = SMOKE if args.smoke else QUICK if args.quick else FULL
+    if args.runs:
+        sizes = Sizes(**{**sizes.__dict__, "runs": args.runs})
+    default_systems = "pgqueue" if args.smoke else ",".join(ALL_NAMES)
+    names = [n.strip() for n in (args.systems or default_systems).split(",") if n.strip()]
+    unknown = sorted(set(names) - set(ALL_NAMES))
+    if unknown:
+        raise SystemExit(f"unknown systems {unknown}; choose from {ALL_NAMES}")
+    specs = [spec for spec in SYSTEMS if spec.name in names]
+    results_dir = Path(args.results_dir) if args.results_dir else None
+    if results_dir is None and not args.smoke:
+        results_dir = ROOT / "bench" / "results"
+
+    started = datetime.now(UTC)
+    infos = [
+        SystemInfo(spec.name, spec.label, notes=list(spec.notes))
+        for spec in SYSTEMS
+        if spec.name in names
+    ]
+    if "pgbench" in names:
+        infos.append(
+            SystemInfo(
+                "pgbench",
+                "pgbench ceiling",
+                notes=[
+                    "bare claim-and-complete SQL of django-pgqueue's shape "
+                    "(bench/pgbench/claim_complete.sql) on `pgqueue_jobs`, "
+                    f"{PGBENCH_CLIENTS} clients, two transactions per round"
+                ],
+            )
+        )
+    results = Results(
+        meta={
+            "started": started.strftime("%Y-%m-%d %H:%M UTC"),
+            "mode": "smoke" if args.smoke else "quick" if args.quick else "full",
+            "runs": sizes.runs,
+            "sizes": sizes.describe(),
+            "machine": machine(),
+            "commit": git_commit(),
+            "server": "given by --database-url"
+            if args.database_url
+            else "started by bench/run.py (system binaries)",
+            "notes": [
+                "Drains are timed from the moment every worker process is set up and "
+                "ready (imports and start-up excluded) until the last job is recorded as "
+                "finished in the database (the workers' own shutdown excluded); enqueues "
+                "run in one client, each transaction committed before the next.",
+                "W4 measures from the enqueueing transaction's commit returning to the "
+                "job's handler starting (both clocks: the machine's monotonic clock).",
+                *(
+                    [
+                        f"A system that would need more than {1.5 * sizes.budget:g} s for one "
+                        "run (estimated by a calibration run of a tenth of the size) does "
+                        f"about {sizes.budget:g} s worth of jobs per run instead (at least a "
+                        "quarter of the size), the same number in every run: [n=...] in a "
+                        "cell. Rates stay comparable."
+                    ]
+                    if sizes.budget
+                    else []
+                ),
+            ],
+        },
+        systems=infos,
+    )
+    bench = Bench(results, sizes)
+    log(f"benchmark: {results.meta['mode']} mode, systems {', '.join(names)}")
+    with postgres(args.database_url) as admin_url:
+        results.meta["settings"] = server_settings(admin_url)
+        log(f"server: {admin_url} {results.meta['settings']}")
+        prepare(bench, specs, admin_url, args)
+        if "pgbench" in names:
+            prepare_pgbench(bench, admin_url)
+        try:
+            bench.enqueue("W1", "enqueue-single", sizes.w1)
+            bench.enqueue("W2", "enqueue-bulk", sizes.w2)
+            bench.drain("W3", sizes.w3)
+            bench.latency()
+            bench.drain("W6", sizes.w6, kind="cpu_flaky")
+        finally:
+            if not args.keep_databases:
+                for system in bench.systems:
+                    drop_database(admin_url, system.dsn)
+                    drop_database(admin_url, system.history)
+                if bench.pgbench:
+                    drop_database(admin_url, bench.pgbench[1])
+    elapsed = int(time.monotonic() - _started)
+    results.meta["duration"] = f"{elapsed // 60} min {elapsed % 60} s"
+
+    text = report.markdown(results)
+    if results_dir:
+        results_dir.mkdir(parents=True, exist_ok=True)
+        (results_dir / "results.md").write_text(text)
+        (results_dir / "results.json").write_text(json.dumps(results.to_json(), indent=2))
+        if not args.no_chart and not args.smoke:
+            report.chart(results, results_dir / "chart.png")
+        log(f"wrote {results_dir}")
+    print(text)
+    for line in report.summary_lines(results):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""Harness for django-pgqueue: drives the real ``enqueue`` / ``enqueue_many`` and
+``manage.py pgqueue_worker`` (through ``call_command``) with bench/django_settings.py.
+
+Also measures the references only this project has: ``baseline-insert``, a bare
+single-row INSERT transaction on the same table (the W1 reference).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+from bench import common
+
+MODULE = "bench.systems.harness_pgqueue"
+TABLE = "pgqueue_jobs"
+
+
+def _setup_django(dsn: str) -> None:
+    os.environ["BENCH_DATABASE_URL"] = dsn
+    os.environ["DJANGO_SETTINGS_MODULE"] = "bench.django_settings"
+    import django
+
+    django.setup()
+
+
+def _execute(sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall() if cursor.description else []
+
+
+def _completed() -> int:
+    return _execute(f"SELECT count(*) FROM {TABLE} WHERE status = 'completed'")[0][0]
+
+
+def _truncate() -> None:
+    _execute(f"TRUNCATE {TABLE} CASCADE")
+
+
+def _enqueue_bulk(job_type: str, jobs: int, chunk: int) -> None:
+    from django_pgqueue import enqueue_many
+
+    for start in range(0, jobs, chunk):
+        enqueue_many(
+            {"job_type": job_type, "data": {"i": i}} for i in range(start, min(start + chunk, jobs))
+        )
+
+
+def setup(args: Any) -> dict[str, Any]:
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    return {"ok": True}
+
+
+def enqueue_single(args: Any) -> dict[str, Any]:
+    from django_pgqueue import enqueue
+
+    _truncate()
+    began = time.perf_counter()
+    for i in range(args.jobs):
+        enqueue("bench.noop", {"i": i})  # autocommit: each its own transaction
+    return common.rate(args.jobs, time.perf_counter() - began)
+
+
+def enqueue_bulk(args: Any) -> dict[str, Any]:
+    _truncate()
+    began = time.perf_counter()
+    _enqueue_bulk("bench.noop", args.jobs, args.chunk)
+    return common.rate(args.jobs, time.perf_counter() - began)
+
+
+def baseline_insert(args: Any) -> dict[str, Any]:
+    """A bare single-row INSERT per transaction on ``pgqueue_jobs``, plain psycopg."""
+    import psycopg
+
+    _truncate()
+    with psycopg.connect(args.dsn, autocommit=True) as conn:
+        began = time.perf_counter()
+        for i in range(args.jobs):
+            conn.execute(
+                f"INSERT INTO {TABLE} (job_type, data) VALUES (%s, %s::jsonb)",
+                ["bench.noop", f'{{"i": {i}}}'],
+            )
+        return common.rate(args.jobs, time.perf_counter() - began)
+
+
+def _worker_command(args: Any, slots: int, burst: bool) -> list[str]:
+    command = common.module_command(MODULE, "--dsn", args.dsn, "worker", "--slots", str(slots))
+    return [*command, "--burst"] if burst else command
+
+
+def drain(args: Any) -> dict[str, Any]:
+    processes, slots = common.parse_layout(args.layout)
+    if not args.keep:
+        _truncate()
+    job_type = "bench.noop" if args.kind == "noop" else "bench.cpu_flaky"
+    _enqueue_bulk(job_type, args.jobs, 5000)
+    _execute(f"ANALYZE {TABLE}")  # statistics as autovacuum would leave them
+    before = _completed()
+    from django.db import connection
+
+    connection.close()  # idle during the drain: not a server backend to keep busy
+    group = common.WorkerGroup.start([_worker_command(args, slots, True)] * processes)
+    group.go()
+    start, end = group.wait()
+    done = _completed() - before
+    if done != args.jobs:
+        raise RuntimeError(f"{done} of {args.jobs} jobs completed")
+    last = _execute(f"SELECT extract(epoch FROM max(completed_at)) FROM {TABLE}")[0][0]
+    return common.drain_rate(args.jobs, start, float(last), end)
+
+
+def latency(args: Any) -> dict[str, Any]:
+    from django_pgqueue import enqueue
+
+    _truncate()
+    receiver = common.ProbeReceiver()
+    env = {**os.environ, "BENCH_PROBE_PORT": str(receiver.port)}
+    _, slots = common.parse_layout(args.layout)
+    group = common.WorkerGroup.start([_worker_command(args, slots, False)], env=env)
+    try:
+        group.go()
+        time.sleep(1.0)  # let the worker settle into its idle wait
+        samples = common.latency_samples(
+            lambda i: enqueue("bench.noop", {"i": i, "probe": True}), receiver, args.samples
+        )
+    finally:
+        group.terminate()
+        receiver.close()
+    return {"samples": samples}
+
+
+def fill_finished(args: Any) -> dict[str, Any]:
+    began = time.perf_counter()
+    _execute(
+        f"""
+        INSERT INTO {TABLE} (job_type, status, data, progress, worker_id, attempts,
+                             created_at, run_at, claimed_at, started_at, completed_at)
+        SELECT 'bench.noop', 'completed', jsonb_build_object('i', g), 100, 'filler', 1,
+               t, t, t, t, t
+          FROM generate_series(1, %s) AS g,
+               LATERAL (SELECT now() - interval '1 day' + g * interval '1 ms') AS x(t)
+        """,
+        [args.rows],
+    )
+    _execute(f"VACUUM ANALYZE {TABLE}")
+    return {"rows": args.rows, "seconds": time.perf_counter() - began}
+
+
+def worker(args: Any) -> None:
+    from django.core.management import call_command
+
+    options = ["--concurrency", str(args.slots), "--log-level", "ERROR"]
+    if args.batch_size:
+        options += ["--batch-size", str(args.batch_size)]
+    if args.burst:
+        options.append("--burst")
+    common.worker_entry(lambda: call_command("pgqueue_worker", *options))
+
+
+COMMANDS = {
+    "setup": setup,
+    "enqueue-single": enqueue_single,
+    "enqueue-bulk": enqueue_bulk,
+    "baseline-insert": baseline_insert,
+    "drain": drain,
+    "latency": latency,
+    "fill-finished": fill_finished,
+}
+
+
+def main() -> None:
+    parser = common.harness_parser(__doc__.splitlines()[0], extra=["baseline-insert"])
+    args = parser.parse_args()
+    _setup_django(args.dsn)
+    if args.command == "worker":
+        worker(args)
+        return
+    common.emit(COMMANDS[args.command](args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

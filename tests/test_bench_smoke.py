@@ -1,0 +1,59 @@
+"""The benchmark suite (bench/) keeps working: a smoke run of it, our system only.
+
+The benchmark is not part of the test suite; this runs it at its smallest
+(``--smoke``: a few hundred jobs, one run, no peers, no chart) against the test run's
+server, so that a change to the package or to bench/ cannot leave it broken unnoticed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_bench_smoke_run_measures_every_workload(tmp_path: Path) -> None:
+    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "bench/run.py",
+            "--smoke",
+            "--systems",
+            "pgqueue",
+            "--database-url",
+            os.environ["DATABASE_URL"],
+            "--results-dir",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "FAILED" not in result.stderr, result.stderr[-3000:]
+
+    report = (tmp_path / "results.md").read_text()
+    row = next(line for line in report.splitlines() if line.startswith("| django-pgqueue"))
+    w1, w2, p50, p99 = (cell.strip() for cell in row.strip("|").split("|")[1:5])
+    for cell in (w1, w2, p50, p99):
+        assert re.fullmatch(r"[\d,.]+", cell), row
+    drains = [line for line in report.splitlines() if "threads (`--concurrency" in line]
+    assert len(drains) == 2, report  # both ways of spending the slots
+    for index, line in enumerate(drains):
+        w3, w5, slowdown, w6 = (cell.strip() for cell in line.strip("|").split("|")[2:6])
+        assert re.fullmatch(r"[\d,.]+", w3), line
+        if index == 0:  # --smoke runs W5 and W6 in the first layout only
+            assert re.fullmatch(r"[\d,.]+", w5) and re.fullmatch(r"[\d,.]+", w6), line
+            assert re.fullmatch(r"[\d.]+x", slowdown), line
+    # Every target is judged; the ones needing peers or pgbench say n/a.
+    verdicts = re.findall(r"^(PASS|MISS|n/a )\s", result.stdout, re.MULTILINE)
+    assert len(verdicts) == 7, result.stdout[-2000:]
+    assert (tmp_path / "results.json").exists()
+    assert not (tmp_path / "chart.png").exists()
