@@ -26,9 +26,6 @@ from django.conf import settings
 from psycopg import sql
 
 EXAMPLE_DIR = Path(__file__).resolve().parent.parent / "example_project"
-WORKER_AVAILABLE = (
-    Path(__file__).resolve().parent.parent / "django_pgqueue/management/commands/pgqueue_worker.py"
-).exists()
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -268,7 +265,6 @@ def test_demo_enqueues_the_jobs_it_prints_and_none_of_the_rolled_back_ones(
     assert customers == {"alice@example.com", "bob@example.com", "carol@example.com"}
 
 
-@pytest.mark.skipif(not WORKER_AVAILABLE, reason="pgqueue_worker is not written yet")
 def test_demo_runs_the_worker_and_every_job_ends_as_the_story_says(example: Example) -> None:
     output = example.manage("demo").stdout
 
