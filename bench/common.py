@@ -282,6 +282,39 @@ def harness_parser(description: str, extra: Sequence[str] = ()) -> argparse.Argu
     return parser
 
 
+_STANDARD_COMMANDS = (
+    "setup",
+    "enqueue-single",
+    "enqueue-bulk",
+    "drain",
+    "latency",
+    "fill-finished",
+)
+
+
+def harness_main(
+    description: str,
+    commands: dict[str, Callable[[Any], Any]],
+    worker: Callable[[Any], None],
+    *,
+    setup: Callable[[str], None] | None = None,
+    run: Callable[[Any], dict[str, Any]] = lambda result: result,
+) -> None:
+    """Parse a harness's command line, run the command and print its result.
+
+    ``setup(dsn)`` prepares the process first (Django's settings); ``run`` turns what a
+    command returns into its result (``asyncio.run`` for harnesses with async commands).
+    """
+    extra = [name for name in commands if name not in _STANDARD_COMMANDS]
+    args = harness_parser(description, extra=extra).parse_args()
+    if setup is not None:
+        setup(args.dsn)
+    if args.command == "worker":
+        worker(args)
+        return
+    emit(run(commands[args.command](args)))
+
+
 def latency_samples(
     enqueue_one: Callable[[int], None], receiver: ProbeReceiver, samples: int
 ) -> list[float]:

@@ -175,12 +175,7 @@ COMMANDS = {
 
 
 def main() -> None:
-    args = common.harness_parser(__doc__.splitlines()[0]).parse_args()
-    _setup_django(args.dsn)
-    if args.command == "worker":
-        worker(args)
-        return
-    common.emit(COMMANDS[args.command](args))
+    common.harness_main(__doc__.splitlines()[0], COMMANDS, worker, setup=_setup_django)
 
 
 if __name__ == "__main__":

@@ -176,13 +176,7 @@ COMMANDS = {
 
 
 def main() -> None:
-    parser = common.harness_parser(__doc__.splitlines()[0], extra=["baseline-insert"])
-    args = parser.parse_args()
-    _setup_django(args.dsn)
-    if args.command == "worker":
-        worker(args)
-        return
-    common.emit(COMMANDS[args.command](args))
+    common.harness_main(__doc__.splitlines()[0], COMMANDS, worker, setup=_setup_django)
 
 
 if __name__ == "__main__":

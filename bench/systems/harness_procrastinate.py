@@ -196,11 +196,7 @@ COMMANDS = {
 
 
 def main() -> None:
-    args = common.harness_parser(__doc__.splitlines()[0]).parse_args()
-    if args.command == "worker":
-        worker(args)
-        return
-    common.emit(asyncio.run(COMMANDS[args.command](args)))
+    common.harness_main(__doc__.splitlines()[0], COMMANDS, worker, run=asyncio.run)
 
 
 if __name__ == "__main__":
