@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, fields
-from datetime import timedelta
 from functools import cache
 from typing import Any
 
@@ -74,15 +72,13 @@ _POSITIVE_DURATIONS = {"POLL_INTERVAL", "HEARTBEAT_INTERVAL", "STALE_AFTER", "RE
 
 def to_seconds(name: str, value: Any, *, allow_zero: bool = True) -> float:
     """Return ``value`` (seconds as a number, or a ``timedelta``) as float seconds."""
-    if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        raise SettingsError(f"{name} must be a number of seconds or a timedelta, got {value!r}")
-    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
-        raise SettingsError(f"{name} must be a positive duration, got {value!r}")
-    return seconds
+    from .exceptions import InvalidArgumentError
+    from .validation import seconds
+
+    try:
+        return seconds(value, name, allow_zero=allow_zero)
+    except InvalidArgumentError as exc:
+        raise SettingsError(f"{name} {exc.message}") from None
 
 
 def _validate(raw: dict[str, Any]) -> PgQueueSettings:

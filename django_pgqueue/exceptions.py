@@ -17,6 +17,7 @@ class InvalidArgumentError(PgQueueError, ValueError):
 
     def __init__(self, field: str, message: str) -> None:
         self.field = field
+        self.message = message
         super().__init__(f"{field}: {message}")
 
 

@@ -84,7 +84,7 @@ class Worker:
                 shutdown_grace=shutdown_grace,
             )
         except InvalidArgumentError as exc:
-            raise InvalidWorkerOptionError(exc.field, str(exc).split(": ", 1)[1]) from None
+            raise InvalidWorkerOptionError(exc.field, exc.message) from None
         self.burst = burst
         self.worker_id = worker_id or default_worker_id()
         if not self.worker_id or len(self.worker_id) > 255:
