@@ -19,6 +19,7 @@ PRIORITY_MAX = 1000
 JOB_TYPE_MAX_LENGTH = 200
 QUEUE_MAX_LENGTH = 100
 STAGE_MAX_LENGTH = 200
+UNIQUE_KEY_MAX_LENGTH = 255
 MAX_ATTEMPTS_LIMIT = 1000
 #: Job types of Django Tasks are this prefix and the task's dotted path (backends.py).
 TASK_JOB_PREFIX = "task:"

@@ -137,6 +137,10 @@ class Job(models.Model):
     last_traceback = models.TextField(blank=True, db_default="")
     #: The worker of every attempt, oldest first (``claim_job_batch`` appends to it).
     worker_ids = models.JSONField(default=list, db_default=Value([], models.JSONField()))
+    #: At most one pending, claimed or running job has a given key (NULL: no limit).
+    unique_key = models.CharField(  # noqa: DJ001  (NULL, not "", means "no key")
+        max_length=conf.UNIQUE_KEY_MAX_LENGTH, null=True, blank=True
+    )
 
     objects: ClassVar[JobQuerySet] = JobQuerySet.as_manager()  # type: ignore[assignment]
 
@@ -187,6 +191,12 @@ class Job(models.Model):
             ),
             models.CheckConstraint(
                 condition=Q(attempts__gte=0), name="pgqueue_jobs_attempts_not_negative"
+            ),
+            # Enqueue relies on it (INSERT ... ON CONFLICT) for race-free unique jobs.
+            models.UniqueConstraint(
+                fields=["unique_key"],
+                condition=Q(status__in=["pending", "claimed", "running"]),
+                name="pgqueue_jobs_unique_key_active",
             ),
         ]
 
@@ -323,3 +333,79 @@ class WorkerRecord(models.Model):
 
     def __str__(self) -> str:
         return self.worker_id
+
+
+class QueueState(models.Model):
+    """Runtime state of a queue that someone changed: a paused queue is not claimed.
+
+    A queue with no row here is active; rows appear when a queue is first paused.
+    """
+
+    name = models.CharField(max_length=conf.QUEUE_MAX_LENGTH, primary_key=True)
+    paused_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "pgqueue_queues"
+        ordering = ("name",)
+        verbose_name = _("queue state")
+        verbose_name_plural = _("queue states")
+
+    def __str__(self) -> str:
+        return f"{self.name} ({'paused' if self.paused_at else 'active'})"
+
+
+class LimitScope(models.TextChoices):
+    QUEUE = "queue", _("Queue")
+    JOB_TYPE = "job_type", _("Job type")
+
+
+class ConcurrencyLimit(models.Model):
+    """At most ``max_running`` jobs of a queue or job type claimed or running at once,
+    across all workers; ``claim_job_batch`` enforces it.
+
+    Workers write these rows from the declared limits when they start.
+    """
+
+    scope = models.CharField(max_length=16, choices=LimitScope.choices)
+    name = models.CharField(max_length=255)
+    max_running = models.IntegerField()
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "pgqueue_limits"
+        ordering = ("scope", "name")
+        verbose_name = _("concurrency limit")
+        verbose_name_plural = _("concurrency limits")
+        constraints = [
+            models.UniqueConstraint(fields=["scope", "name"], name="pgqueue_limits_scope_name"),
+            models.CheckConstraint(
+                condition=Q(scope__in=LimitScope.values), name="pgqueue_limits_scope_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(max_running__gte=1), name="pgqueue_limits_max_running_positive"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.scope} {self.name}: {self.max_running}"
+
+
+class PeriodicTick(models.Model):
+    """The last tick of a periodic job that was enqueued: the row that makes each tick
+    enqueue exactly once, whichever worker gets there first."""
+
+    name = models.CharField(max_length=255, primary_key=True)
+    schedule = models.CharField(max_length=255)
+    last_tick = models.DateTimeField()
+    last_job_id = models.UUIDField(null=True, blank=True)
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "pgqueue_periodic"
+        ordering = ("name",)
+        verbose_name = _("periodic job")
+        verbose_name_plural = _("periodic jobs")
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.schedule})"

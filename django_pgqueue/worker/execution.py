@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
 
-from .. import registry
+from .. import registry, signals
 from ..backoff import default_backoff
 from ..exceptions import FailJob, JobCancelled, JobTimeout, RetryJob, UnknownJobTypeError
 
@@ -103,6 +103,33 @@ def _result_json(value: Any) -> tuple[str | None, str | None]:
         return None, f"the return value was not stored: it is not JSON-serialisable ({exc})"
 
 
+def _send(signal: Any, job: Job, **kwargs: Any) -> None:
+    """Send a worker signal; a receiver's error is logged, never lets a job be lost."""
+    if not signal.has_listeners(type(job)):
+        return
+    for receiver, response in signal.send_robust(sender=type(job), job=job, **kwargs):
+        if isinstance(response, Exception):
+            logger.error(
+                "signal receiver %r failed for job %s",
+                receiver,
+                job.id,
+                exc_info=(type(response), response, response.__traceback__),
+            )
+
+
+def _failed(running: RunningJob, exc: BaseException) -> Outcome:
+    outcome = failure_outcome(running, exc)
+    if outcome.status in ("pending", "failed"):
+        _send(
+            signals.job_failed,
+            running.job,
+            error=outcome.error,
+            exception=exc,
+            will_retry=outcome.status == "pending",
+        )
+    return outcome
+
+
 def execute(running: RunningJob, alias: str) -> Outcome:
     """Run the handler of ``running`` in this thread and return its outcome."""
     job = running.job
@@ -112,8 +139,9 @@ def execute(running: RunningJob, alias: str) -> Outcome:
             f"no handler is registered for job type {job.job_type!r} on worker "
             f"{job.worker_id} (registered: {', '.join(registry.registered_job_types())})"
         )
-        return failure_outcome(running, exc)
+        return _failed(running, exc)
     job._cancel_event = running.cancel_event
+    _send(signals.job_started, job)
     running.thread_id = threading.get_ident()
     try:
         try:
@@ -126,9 +154,9 @@ def execute(running: RunningJob, alias: str) -> Outcome:
             with running.thread_lock:
                 running.thread_id = None
     except BaseException as exc:  # even sys.exit() in a handler must not kill the slot
-        outcome = failure_outcome(running, exc)
         _reset_broken_connections()
-        return outcome
+        return _failed(running, exc)
+    _send(signals.job_completed, job, result=value)
     result, note = _result_json(value)
     return Outcome(job.id, "completed", result=result, error=note)
 
