@@ -33,6 +33,9 @@ class JobDefinition:
         timeout: float | None,
         retry_backoff: RetryBackoff | None,
         atomic: bool,
+        unique_key: str | None = None,
+        schedule: str | None = None,
+        concurrency: int | None = None,
     ) -> None:
         self.func = func
         self.job_type = job_type
@@ -42,6 +45,12 @@ class JobDefinition:
         self.timeout = timeout
         self.retry_backoff = retry_backoff
         self.atomic = atomic
+        #: Default ``unique_key`` of ``enqueue`` for this type.
+        self.unique_key = unique_key
+        #: Cron expression: workers enqueue this job on each tick (periodic jobs).
+        self.schedule = schedule
+        #: At most this many jobs of this type claimed or running at once, cluster-wide.
+        self.concurrency = concurrency
         functools.update_wrapper(self, func)
 
     def __call__(self, job: Job) -> Any:
@@ -176,6 +185,9 @@ def job(
     timeout: float | timedelta | None = None,
     retry_backoff: RetryBackoff | None = None,
     atomic: bool = True,
+    unique_key: str | None = None,
+    schedule: str | None = None,
+    concurrency: int | None = None,
 ) -> Callable[[Handler], JobDefinition]: ...
 
 
@@ -189,6 +201,9 @@ def job(
     timeout: float | timedelta | None = None,
     retry_backoff: RetryBackoff | None = None,
     atomic: bool = True,
+    unique_key: str | None = None,
+    schedule: str | None = None,
+    concurrency: int | None = None,
 ) -> JobDefinition | Callable[[Handler], JobDefinition]:
     """Register a handler ``handler(job: Job)``; usable as ``@job`` or ``@job("name", ...)``.
 
@@ -233,6 +248,9 @@ def job(
                 timeout=timeout_seconds,
                 retry_backoff=retry_backoff,
                 atomic=atomic,
+                unique_key=unique_key,
+                schedule=schedule,
+                concurrency=concurrency,
             )
         )
 
