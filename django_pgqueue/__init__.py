@@ -10,14 +10,23 @@ from typing import TYPE_CHECKING, Any
 from . import exceptions
 from .backoff import Backoff
 from .enqueue import JobSpec, enqueue, enqueue_many
-from .exceptions import FailJob, InvalidJobError, JobCancelled, PgQueueError, RetryJob
+from .exceptions import (
+    DuplicateJobError,
+    FailJob,
+    InvalidJobError,
+    JobCancelled,
+    PgQueueError,
+    RetryJob,
+)
 from .registry import job
 
 if TYPE_CHECKING:
     from .models import Job, JobStatus
+    from .queues import pause_queue, resume_queue
 
 __all__ = [
     "Backoff",
+    "DuplicateJobError",
     "FailJob",
     "InvalidJobError",
     "Job",
@@ -30,6 +39,8 @@ __all__ = [
     "enqueue_many",
     "exceptions",
     "job",
+    "pause_queue",
+    "resume_queue",
 ]
 
 __version__ = "0.1.0.dev0"
@@ -37,6 +48,8 @@ __version__ = "0.1.0.dev0"
 _LAZY = {
     "Job": ("models", "Job"),
     "JobStatus": ("models", "JobStatus"),
+    "pause_queue": ("queues", "pause_queue"),
+    "resume_queue": ("queues", "resume_queue"),
 }
 
 

@@ -39,7 +39,8 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from . import conf, registry
+from . import conf, registry, validation
+from .exceptions import InvalidArgumentError
 from .models import (
     FINISHED,
     IN_FLIGHT,
@@ -50,6 +51,7 @@ from .models import (
     JobStatus,
     WorkerRecord,
 )
+from .queues import pause_queue, paused_since, queue_limits, resume_queue
 
 logger = logging.getLogger("django_pgqueue.admin")
 
@@ -162,7 +164,8 @@ def search_filter(term: str) -> Q | None:
     - ``{...}``: jobs whose ``data`` contains that JSON object;
     - ``key=value``: jobs whose ``data`` has ``key`` equal to ``value``, read as JSON
       when it parses (``42``, ``true``) and also as text; ``"42"`` is only text;
-    - anything else: job types containing the term.
+    - anything else: job types containing the term, and the job with that exact
+      ``unique_key``.
 
     ``data`` is matched with ``@>`` (containment), which the ``jsonb_path_ops`` GIN index
     ``idx_jobs_data`` serves.
@@ -188,7 +191,7 @@ def search_filter(term: str) -> Q | None:
         if not isinstance(value, str):  # 42 may have been sent as "42"; "42" means text
             condition |= Q(data__contains={key: raw})
         return condition
-    return Q(job_type__icontains=term)
+    return Q(job_type__icontains=term) | Q(unique_key=term)
 
 
 def short_duration(delta: timedelta | None) -> str:
@@ -269,8 +272,8 @@ class JobAdmin(admin.ModelAdmin):
     # The search is ours (get_search_results); naming a field only shows the search box.
     search_fields = ("job_type",)
     search_help_text = gettext_lazy(
-        "A job id, part of a job type, or a payload match: key=value (order_id=42) or a "
-        'JSON object ({"user": {"id": 7}}).'
+        "A job id, part of a job type, an exact unique key, or a payload match: key=value "
+        '(order_id=42) or a JSON object ({"user": {"id": 7}}).'
     )
     actions = ("retry_jobs", "cancel_jobs", "run_jobs_now")
     fieldsets = (
@@ -282,6 +285,7 @@ class JobAdmin(admin.ModelAdmin):
                     "job_type",
                     "queue",
                     "priority",
+                    "unique_key",
                     "status_badge",
                     "progress_bar",
                     "stage",
@@ -521,12 +525,15 @@ class JobAdmin(admin.ModelAdmin):
     def retry_jobs(self, request: HttpRequest, queryset: JobQuerySet) -> None:
         selected = queryset.count()
         changed = queryset.filter(status__in=RETRYABLE).retry()
-        self._report(
-            request,
-            _("Retry: %(changed)d changed, %(skipped)d skipped (not failed or cancelled).")
-            % {"changed": changed, "skipped": selected - changed},
-            changed,
-        )
+        # What retry() left failed or cancelled: its unique key is held by an active job.
+        held = queryset.filter(status__in=RETRYABLE).count()
+        message = _(
+            "Retry: %(changed)d changed, %(skipped)d skipped (not failed or cancelled)."
+        ) % {"changed": changed, "skipped": selected - changed - held}
+        if held:
+            held_message = _("%(held)d skipped (unique key held by an active job).")
+            message += " " + held_message % {"held": held}
+        self._report(request, message, changed)
 
     @admin.action(permissions=["retry"], description=gettext_lazy("Cancel selected jobs"))
     def cancel_jobs(self, request: HttpRequest, queryset: JobQuerySet) -> None:
@@ -594,6 +601,11 @@ class JobAdmin(admin.ModelAdmin):
         wrap = self.admin_site.admin_view
         return [
             path("overview/", wrap(self.overview_view), name="django_pgqueue_job_overview"),
+            path(
+                "overview/queues/<str:queue>/<str:action>/",
+                wrap(self.queue_action_view),
+                name="django_pgqueue_job_queue_action",
+            ),
             path("live/", wrap(self.live_view), name="django_pgqueue_job_live"),
             path(
                 "<path:object_id>/actions/<str:action>/",
@@ -657,6 +669,36 @@ class JobAdmin(admin.ModelAdmin):
             payload["history"] = [_event_state(event) for event in recent_events(history_id)]
         return JsonResponse(payload)
 
+    def queue_action_view(self, request: HttpRequest, queue: str, action: str) -> HttpResponse:
+        """Pause or resume one queue (the overview's buttons), then go back to the overview."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not (self.has_view_permission(request) and self.has_retry_permission(request)):
+            raise PermissionDenied
+        try:
+            validation.queue(queue)
+        except InvalidArgumentError:
+            return HttpResponse(status=404)
+        using = router.db_for_write(Job)
+        if action == "pause":
+            changed = pause_queue(queue, using=using)
+            message = (
+                _("Queue “%s” paused: workers claim none of its jobs until it is resumed.")
+                if changed
+                else _("Queue “%s” was already paused.")
+            )
+        elif action == "resume":
+            changed = resume_queue(queue, using=using)
+            message = (
+                _("Queue “%s” resumed: workers claim its jobs again.")
+                if changed
+                else _("Queue “%s” was not paused.")
+            )
+        else:
+            return HttpResponse(status=404)
+        self._report(request, message % queue, int(changed))
+        return HttpResponseRedirect(reverse(f"{self.admin_site.name}:django_pgqueue_job_overview"))
+
     def overview_view(self, request: HttpRequest) -> TemplateResponse:
         """Counts per queue and status, throughput, waiting time, and the workers."""
         if not self.has_view_permission(request):
@@ -670,7 +712,10 @@ class JobAdmin(admin.ModelAdmin):
             "opts": self.opts,
             "now": display_datetime(now),
             "statuses": JobStatus.choices,
-            "queues": [_queue_row(row, now, changelist) for row in queues],
+            "queues": [
+                _queue_row(row, now, changelist) | state
+                for row, state in _with_queue_states(queues, self, request)
+            ],
             "totals": _queue_row(_totals(queues), now, changelist),
             "workers": worker_rows(now),
             "changelist_url": changelist,
@@ -763,6 +808,40 @@ def queue_stats(now: datetime) -> list[dict[str, Any]]:
             ),
         )
     )
+
+
+def _with_queue_states(
+    rows: list[dict[str, Any]], model_admin: JobAdmin, request: HttpRequest
+) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Each stats row with its queue's pause state, limit and pause/resume button.
+
+    Paused or limited queues without jobs get an empty row, so they can be resumed here.
+    """
+    using = router.db_for_write(Job)
+    paused, limits = paused_since(using), queue_limits(using)
+    present = {row["queue"] for row in rows}
+    rows = sorted(
+        [*rows, *({"queue": name} for name in {*paused, *limits} - present)],
+        key=lambda row: row["queue"],
+    )
+    may_change = model_admin.has_retry_permission(request)
+    site = model_admin.admin_site.name
+    result = []
+    for row in rows:
+        name = row["queue"]
+        action = "resume" if name in paused else "pause"
+        state: dict[str, Any] = {
+            "paused_at": display_datetime(paused.get(name)),
+            "limit": limits.get(name),
+            "queue_action": {
+                "label": _("Resume") if name in paused else _("Pause"),
+                "url": reverse(f"{site}:django_pgqueue_job_queue_action", args=[name, action]),
+            }
+            if may_change
+            else None,
+        }
+        result.append((row, state))
+    return result
 
 
 def _totals(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Tags, register
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import connections
 
 from .exceptions import SettingsError
@@ -71,3 +71,63 @@ def check_server_version(
             )
         ]
     return []
+
+
+@register(Tags.compatibility)
+def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Periodic jobs: every ``SCHEDULE`` entry names a job type with a handler, and no
+    entry shares its name with an ``@job(schedule=...)``."""
+    from . import conf, registry
+
+    try:
+        settings_ = conf.get_settings()
+    except SettingsError:
+        return []  # reported by check_settings
+    errors: list[CheckMessage] = []
+    for name, schedule in settings_.SCHEDULE.items():
+        decorated = registry.find_definition(name)
+        if decorated is not None and decorated.schedule is not None:
+            errors.append(
+                Error(
+                    f"PGQUEUE['SCHEDULE'][{name!r}] has the name of the schedule that "
+                    f"@job({name!r}, schedule=...) declares",
+                    hint="Rename the SCHEDULE entry: schedule names must be unique.",
+                    id="django_pgqueue.E202",
+                )
+            )
+        if settings_.VALIDATE_JOB_TYPES and registry.find_definition(schedule.job_type) is None:
+            errors.append(
+                Error(
+                    f"PGQUEUE['SCHEDULE'][{name!r}] enqueues job type "
+                    f"{schedule.job_type!r}, which has no handler",
+                    hint="Define it with @django_pgqueue.job in an installed app's jobs.py, "
+                    "or correct the entry's job_type.",
+                    id="django_pgqueue.E201",
+                )
+            )
+    return errors
+
+
+@register(Tags.compatibility)
+def check_job_type_limits(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Every ``JOB_TYPE_LIMITS`` entry names a job type with a handler (a typo limits
+    nothing)."""
+    from . import conf, registry
+
+    try:
+        settings_ = conf.get_settings()
+    except SettingsError:
+        return []  # reported by check_settings
+    if not settings_.VALIDATE_JOB_TYPES:
+        return []
+    return [
+        Warning(
+            f"PGQUEUE['JOB_TYPE_LIMITS'] limits job type {job_type!r}, which has no handler",
+            hint="Correct the name, or make sure the module that registers the handler is "
+            "imported (an installed app's jobs.py). A limit on a job type no worker runs "
+            "limits nothing.",
+            id="django_pgqueue.W301",
+        )
+        for job_type in settings_.JOB_TYPE_LIMITS
+        if registry.find_definition(job_type) is None
+    ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import cache
 from typing import Any
 
@@ -21,6 +21,8 @@ QUEUE_MAX_LENGTH = 100
 STAGE_MAX_LENGTH = 200
 UNIQUE_KEY_MAX_LENGTH = 255
 MAX_ATTEMPTS_LIMIT = 1000
+#: Largest concurrency limit accepted (``QUEUE_LIMITS``, ``JOB_TYPE_LIMITS``, ``@job``).
+CONCURRENCY_LIMIT_MAX = 1_000_000
 #: Job types of Django Tasks are this prefix and the task's dotted path (backends.py).
 TASK_JOB_PREFIX = "task:"
 
@@ -53,6 +55,12 @@ class PgQueueSettings:
     RETENTION: float | None = None
     #: Failed jobs older than this are deleted by workers (None: kept until handled).
     FAILED_RETENTION: float | None = None
+    #: At most this many jobs of a queue claimed or running at once, across all workers.
+    QUEUE_LIMITS: dict[str, int] = field(default_factory=dict)
+    #: The same per job type; wins over ``@job(concurrency=...)`` (``None`` lifts it).
+    JOB_TYPE_LIMITS: dict[str, int | None] = field(default_factory=dict)
+    #: Periodic jobs by name (``periodic.Schedule``), enqueued by workers on each cron tick.
+    SCHEDULE: dict[str, Any] = field(default_factory=dict)
 
 
 # Durations that may also be None, meaning "never".
@@ -82,6 +90,41 @@ def to_seconds(name: str, value: Any, *, allow_zero: bool = True) -> float:
         raise SettingsError(f"{name} {exc.message}") from None
 
 
+def concurrency_limit(value: Any, what: str) -> int:
+    """A concurrency limit: an integer from 1 to ``CONCURRENCY_LIMIT_MAX``."""
+    if (
+        not isinstance(value, int)
+        or isinstance(value, bool)
+        or not 1 <= value <= CONCURRENCY_LIMIT_MAX
+    ):
+        raise SettingsError(
+            f"{what} must be an integer from 1 to {CONCURRENCY_LIMIT_MAX} (the most jobs "
+            f"claimed or running at once, across all workers), got {value!r}"
+        )
+    return value
+
+
+def _limits(key: str, value: Any, *, queues: bool) -> dict[str, Any]:
+    from .exceptions import InvalidArgumentError
+    from .validation import job_type, queue
+
+    if not isinstance(value, dict):
+        example = '{"video": 2}' if queues else '{"media.transcode": 2}'
+        raise SettingsError(
+            f"{key} must be a dict of {'queue names' if queues else 'job types'} to "
+            f"integers, e.g. {example}; got {type(value).__name__}"
+        )
+    for name, limit in value.items():
+        try:
+            (queue if queues else job_type)(name, f"{key} key")
+        except InvalidArgumentError as exc:
+            raise SettingsError(str(exc)) from None
+        # None in JOB_TYPE_LIMITS lifts a limit that @job(concurrency=...) declares.
+        if limit is not None or queues:
+            concurrency_limit(limit, f"{key}[{name!r}]")
+    return dict(value)
+
+
 def _validate(raw: dict[str, Any]) -> PgQueueSettings:
     known = {f.name: f for f in fields(PgQueueSettings)}
     unknown = sorted(set(raw) - set(known))
@@ -90,7 +133,11 @@ def _validate(raw: dict[str, Any]) -> PgQueueSettings:
     values: dict[str, Any] = {}
     for name, value in raw.items():
         key = f"PGQUEUE[{name!r}]"
-        if name in _OPTIONAL_DURATIONS:
+        if name == "SCHEDULE":
+            continue  # validated below, once MAX_PAYLOAD_BYTES is known
+        if name in ("QUEUE_LIMITS", "JOB_TYPE_LIMITS"):
+            values[name] = _limits(key, value, queues=name == "QUEUE_LIMITS")
+        elif name in _OPTIONAL_DURATIONS:
             values[name] = None if value is None else to_seconds(key, value, allow_zero=False)
         elif name in _DURATIONS:
             values[name] = to_seconds(key, value, allow_zero=name not in _POSITIVE_DURATIONS)
@@ -142,6 +189,13 @@ def _validate(raw: dict[str, Any]) -> PgQueueSettings:
             f"({result.HEARTBEAT_INTERVAL:g}s >= {result.STALE_AFTER:g}s): otherwise healthy "
             "jobs would be recovered as stale"
         )
+    if "SCHEDULE" in raw:
+        from .periodic import parse_schedule_setting
+
+        schedule = parse_schedule_setting(
+            raw["SCHEDULE"], max_payload_bytes=result.MAX_PAYLOAD_BYTES
+        )
+        result = replace(result, SCHEDULE=schedule)
     return result
 
 

@@ -3,24 +3,38 @@
 The insert runs on the caller's connection, so inside ``transaction.atomic`` the job
 exists only if that transaction commits; the NOTIFY that wakes idle workers is sent in
 the same statement and PostgreSQL delivers it only on commit.
+
+Unique jobs: a job with a ``unique_key`` is inserted with ``ON CONFLICT DO NOTHING`` on
+the partial unique index ``pgqueue_jobs_unique_key_active``, so at most one pending,
+claimed or running job holds a key, whatever the concurrency. The same statement reads
+the active job that holds the key; when that job was committed by another session while
+the insert waited for it, the statement's snapshot cannot see it, and the statement runs
+again (a new snapshot) until it either inserts or finds the holder.
 """
 
 from __future__ import annotations
 
+import itertools
+import logging
 import math
 import time
 import uuid
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypedDict
 
-from django.db import connections
+from django.db import connections, transaction
 
-from . import conf, registry, validation
-from .exceptions import InvalidJobError
+from . import conf, registry, signals, validation
+from .exceptions import DuplicateJobError, InvalidJobError, PgQueueError
 
 if TYPE_CHECKING:
     from .models import Job
+
+logger = logging.getLogger("django_pgqueue.enqueue")
+
+OnDuplicate = Literal["return", "raise"]
+_ON_DUPLICATE = ("return", "raise")
 
 _COLUMNS = "id, job_type, queue, priority, data, run_at, max_attempts"
 
@@ -49,6 +63,60 @@ WITH inserted AS (
 SELECT inserted.* FROM inserted{{notify_join}}
 """
 
+# The predicate of the partial unique index pgqueue_jobs_unique_key_active (migration 0006).
+_ACTIVE = "status IN ('pending', 'claimed', 'running')"
+_ON_CONFLICT = f"ON CONFLICT (unique_key) WHERE {_ACTIVE} DO NOTHING"
+
+# ``existing`` reads with the statement's snapshot: it sees an active job committed before
+# the statement started or written earlier in this transaction, never the rows inserted
+# here. The result is the inserted row, or else the holder of the key, or else nothing
+# (the holder committed while the insert waited for it: the caller runs it again).
+_INSERT_ONE_UNIQUE = f"""
+WITH inserted AS (
+    INSERT INTO pgqueue_jobs ({_COLUMNS}, unique_key)
+    VALUES (%s, %s, %s, %s, %s::jsonb,
+            COALESCE(%s::timestamptz, now() + %s * interval '1 second'), %s, %s)
+    {_ON_CONFLICT}
+    RETURNING *
+), existing AS (
+    SELECT * FROM pgqueue_jobs WHERE unique_key = %s AND {_ACTIVE}
+){{notify}}
+SELECT inserted.* FROM inserted{{notify_join}}
+UNION ALL
+SELECT existing.* FROM existing WHERE NOT EXISTS (SELECT FROM inserted)
+"""
+
+# Rows are inserted in key order, so that two batches sharing keys wait for each other
+# in one order and cannot deadlock; created_at still follows the input order (one
+# microsecond apart from a single clock reading): FIFO within one call.
+_INSERT_MANY_UNIQUE = f"""
+WITH inserted AS (
+    INSERT INTO pgqueue_jobs ({_COLUMNS}, unique_key, created_at)
+    SELECT t.id, t.job_type, t.queue, t.priority, t.data::jsonb,
+           COALESCE(t.run_at, now() + t.delay * interval '1 second'), t.max_attempts,
+           t.unique_key, (SELECT clock_timestamp()) + t.position * interval '1 microsecond'
+      FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::int[], %s::text[],
+                  %s::timestamptz[], %s::float8[], %s::int[], %s::text[])
+           WITH ORDINALITY
+           AS t(id, job_type, queue, priority, data, run_at, delay, max_attempts, unique_key,
+                position)
+     ORDER BY t.unique_key
+    {_ON_CONFLICT}
+    RETURNING *
+), existing AS (
+    SELECT * FROM pgqueue_jobs WHERE unique_key = ANY(%s::text[]) AND {_ACTIVE}
+){{notify}}
+SELECT inserted.* FROM inserted{{notify_join}}
+UNION ALL
+SELECT existing.* FROM existing
+ WHERE existing.unique_key NOT IN (
+       SELECT inserted.unique_key FROM inserted WHERE inserted.unique_key IS NOT NULL)
+"""
+
+#: A unique enqueue runs its statement again at most this many times when the holder of
+#: a key keeps changing under it (each run follows a commit by another session).
+UNIQUE_ROUNDS = 50
+
 # pg_notify in a CTE joined to the result, so it runs in the same statement. PostgreSQL
 # folds identical notifications of one transaction into one and delivers them on commit.
 _NOTIFY = """, notified AS (
@@ -68,6 +136,7 @@ class JobSpec(TypedDict, total=False):
     run_at: datetime | None
     delay: float | timedelta | None
     max_attempts: int | None
+    unique_key: str | None
 
 
 class _Row(NamedTuple):
@@ -79,7 +148,12 @@ class _Row(NamedTuple):
     run_at: datetime | None
     delay: float
     max_attempts: int
+    # Last, so that the plain inserts take the fields before it.
+    unique_key: str | None
 
+
+# The fields the plain inserts (_INSERT_ONE, _INSERT_MANY) take.
+_PLAIN = len(_Row._fields) - 1
 
 _SPEC_KEYS = frozenset(JobSpec.__annotations__)
 
@@ -93,6 +167,7 @@ def _prepare(
     run_at: Any,
     delay: Any,
     max_attempts: Any,
+    unique_key: Any = None,
     prefix: str = "",
 ) -> _Row:
     settings = conf.get_settings()
@@ -118,7 +193,7 @@ def _prepare(
         max_attempts = (definition and definition.max_attempts) or settings.DEFAULT_MAX_ATTEMPTS
     if run_at is not None and delay is not None:
         raise InvalidJobError(f"{prefix}run_at", "give run_at or delay, not both")
-    return _Row(
+    row = _Row(
         id=uuid.uuid4(),
         job_type=name,
         queue=validation.queue(queue, f"{prefix}queue"),
@@ -127,7 +202,40 @@ def _prepare(
         run_at=None if run_at is None else validation.aware_datetime(run_at, f"{prefix}run_at"),
         delay=0.0 if delay is None else validation.seconds(delay, f"{prefix}delay"),
         max_attempts=validation.max_attempts(max_attempts, f"{prefix}max_attempts"),
+        unique_key=None,
     )
+    if unique_key is None and definition is not None:
+        unique_key = _default_key(definition, data, f"{prefix}unique_key")
+    if unique_key is None:
+        return row
+    return row._replace(unique_key=validation.unique_key(unique_key, f"{prefix}unique_key"))
+
+
+def _default_key(definition: registry.JobDefinition, data: Any, field: str) -> Any:
+    """The ``@job(unique_key=...)`` of the job type: the string, or what its callable says."""
+    default = definition.unique_key
+    if not callable(default):
+        return default
+    try:
+        key = default(data if data is not None else {})
+    except Exception as exc:
+        raise InvalidJobError(
+            field,
+            f"the unique_key function of job type {definition.job_type!r} raised {exc!r}; "
+            "make it return a string (or None for no key) for every payload",
+        ) from exc
+    if key is not None and not isinstance(key, str):
+        raise InvalidJobError(
+            field,
+            f"the unique_key function of job type {definition.job_type!r} returned "
+            f"{type(key).__name__}; it must return a string, or None for no key",
+        )
+    return key
+
+
+def _check_on_duplicate(value: Any) -> None:
+    if value not in _ON_DUPLICATE:
+        raise InvalidJobError("on_duplicate", f"must be 'return' or 'raise', got {value!r}")
 
 
 #: An autocommit enqueue skips its NOTIFY when this process already sent one for each of
@@ -139,8 +247,12 @@ NOTIFY_COALESCE_SECONDS = 0.005
 _last_notified: dict[tuple[str, str], float] = {}
 
 
-def _wants_notify(using: str, rows: list[_Row]) -> bool:
-    """Whether this insert should notify; records the notification when it will."""
+def _wants_notify(using: str, rows: list[_Row], *, record: bool = True) -> bool:
+    """Whether this insert should notify; records the notification when it will.
+
+    ``record=False`` for unique inserts, which may insert nothing: they call
+    ``_record_notified`` with what they did insert.
+    """
     if connections[using].in_atomic_block:
         # The commit time is unknown inside a transaction: always notify on commit.
         return True
@@ -151,9 +263,19 @@ def _wants_notify(using: str, rows: list[_Row]) -> bool:
     keys = [(using, queue) for queue in due]
     if all(now - _last_notified.get(key, -math.inf) < NOTIFY_COALESCE_SECONDS for key in keys):
         return False
-    for key in keys:
-        _last_notified[key] = now
+    if record:
+        for key in keys:
+            _last_notified[key] = now
     return True
+
+
+def _record_notified(using: str, rows: list[_Row]) -> None:
+    """Note the NOTIFY an autocommit unique insert sent for the due ``rows`` it inserted."""
+    if connections[using].in_atomic_block:
+        return
+    now = time.monotonic()
+    for queue in {row.queue for row in rows if row.run_at is None and row.delay == 0}:
+        _last_notified[(using, queue)] = now
 
 
 def _sql(template: str, channel_params: list[Any], notify: bool) -> str:
@@ -174,6 +296,19 @@ def _run(sql: str, params: list[Any], using: str) -> list[Job]:
         return [Job.from_row(columns, row, using) for row in cursor.fetchall()]
 
 
+def _send_enqueued(jobs: list[Job]) -> None:
+    """Send ``job_enqueued`` for each inserted job; a receiver's error propagates."""
+    for job in jobs:
+        signals.job_enqueued.send(sender=type(job), job=job)
+
+
+def _unresolved(key: str) -> PgQueueError:
+    return PgQueueError(
+        f"could not enqueue with unique_key {key!r}: the active job holding it changed "
+        f"{UNIQUE_ROUNDS} times during the call; try again"
+    )
+
+
 def enqueue(
     job_type: str,
     data: dict[str, Any] | None = None,
@@ -183,6 +318,8 @@ def enqueue(
     run_at: datetime | None = None,
     delay: float | timedelta | None = None,
     max_attempts: int | None = None,
+    unique_key: str | None = None,
+    on_duplicate: OnDuplicate = "return",
     using: str | None = None,
 ) -> Job:
     """Insert one job and return it.
@@ -193,7 +330,13 @@ def enqueue(
     from 0 to 1000, higher first. ``run_at`` (aware datetime) or ``delay`` (seconds or
     ``timedelta``) postpone the job. Raises :class:`InvalidJobError` before writing
     anything when an argument is invalid.
+
+    With a ``unique_key`` (or the job type's default key), at most one pending, claimed
+    or running job has that key: when one exists, nothing is inserted and that job is
+    returned, or :class:`DuplicateJobError` is raised with ``on_duplicate="raise"``.
+    Sends ``job_enqueued`` for the job it inserted.
     """
+    _check_on_duplicate(on_duplicate)
     row = _prepare(
         job_type,
         data,
@@ -202,23 +345,60 @@ def enqueue(
         run_at=run_at,
         delay=delay,
         max_attempts=max_attempts,
+        unique_key=unique_key,
     )
     alias = using or conf.get_settings().DATABASE
-    params: list[Any] = list(row)
+    if row.unique_key is not None:
+        return _enqueue_unique(row, on_duplicate, alias)
+    params: list[Any] = list(row[:_PLAIN])
     sql = _sql(_INSERT_ONE, params, _wants_notify(alias, [row]))
-    return _run(sql, params, alias)[0]
+    job = _run(sql, params, alias)[0]
+    _send_enqueued([job])
+    return job
+
+
+def _enqueue_unique(row: _Row, on_duplicate: OnDuplicate, alias: str) -> Job:
+    assert row.unique_key is not None
+    for _ in range(UNIQUE_ROUNDS):
+        params: list[Any] = [*row, row.unique_key]
+        notify = _wants_notify(alias, [row], record=False)
+        jobs = _run(_sql(_INSERT_ONE_UNIQUE, params, notify), params, alias)
+        if not jobs:
+            continue  # the holder committed while the insert waited: look again
+        job = jobs[0]
+        if job.id == row.id:
+            if notify:
+                _record_notified(alias, [row])
+            _send_enqueued([job])
+            return job
+        logger.debug("unique_key %r is held by job %s: not enqueued", row.unique_key, job.id)
+        if on_duplicate == "raise":
+            raise DuplicateJobError(row.unique_key, job)
+        return job
+    raise _unresolved(row.unique_key)
 
 
 def enqueue_many(
-    specs: Iterable[JobSpec | Mapping[str, Any]], *, using: str | None = None
+    specs: Iterable[JobSpec | Mapping[str, Any]],
+    *,
+    on_duplicate: OnDuplicate = "return",
+    using: str | None = None,
 ) -> list[Job]:
     """Insert many jobs in one statement and return them in the order given.
 
     Each spec is a mapping with :func:`enqueue`'s arguments as keys (``job_type`` is
     required). Every spec is validated first: one bad spec rejects the whole call, and
     the error names it (``specs[3].priority: ...``).
+
+    Unique keys: the first spec with a key inserts a job (unless an active job holds the
+    key already); each later spec with that key gets the same job back. With
+    ``on_duplicate="raise"``, two specs with one key are an :class:`InvalidJobError` and
+    a key held by an active job raises :class:`DuplicateJobError`; either way nothing of
+    the batch is inserted.
     """
+    _check_on_duplicate(on_duplicate)
     rows: list[_Row] = []
+    keyed = False
     for index, spec in enumerate(specs):
         prefix = f"specs[{index}]."
         if not isinstance(spec, Mapping):
@@ -230,24 +410,90 @@ def enqueue_many(
             )
         if "job_type" not in spec:
             raise InvalidJobError(f"{prefix}job_type", "is required")
-        rows.append(
-            _prepare(
-                spec["job_type"],
-                spec.get("data"),
-                queue=spec.get("queue"),
-                priority=spec.get("priority"),
-                run_at=spec.get("run_at"),
-                delay=spec.get("delay"),
-                max_attempts=spec.get("max_attempts"),
-                prefix=prefix,
-            )
+        row = _prepare(
+            spec["job_type"],
+            spec.get("data"),
+            queue=spec.get("queue"),
+            priority=spec.get("priority"),
+            run_at=spec.get("run_at"),
+            delay=spec.get("delay"),
+            max_attempts=spec.get("max_attempts"),
+            unique_key=spec.get("unique_key"),
+            prefix=prefix,
         )
+        keyed = keyed or row.unique_key is not None
+        rows.append(row)
     if not rows:
         return []
     alias = using or conf.get_settings().DATABASE
-    params: list[Any] = [list(column) for column in zip(*rows, strict=True)]
+    if keyed:
+        return _enqueue_many_unique(rows, on_duplicate, alias)
+    columns = zip(*rows, strict=True)
+    params: list[Any] = [list(column) for column in itertools.islice(columns, _PLAIN)]
     sql = _sql(_INSERT_MANY, params, _wants_notify(alias, rows))
     jobs = _run(sql, params, alias)
     position = {row.id: index for index, row in enumerate(rows)}
     jobs.sort(key=lambda job: position[job.id])
+    _send_enqueued(jobs)
     return jobs
+
+
+def _enqueue_many_unique(rows: list[_Row], on_duplicate: OnDuplicate, alias: str) -> list[Job]:
+    # Only the first spec of each key is sent; later ones get its job.
+    first: dict[str, int] = {}
+    candidates: list[_Row] = []
+    for index, row in enumerate(rows):
+        if row.unique_key is not None:
+            if row.unique_key in first:
+                if on_duplicate == "raise":
+                    raise InvalidJobError(
+                        f"specs[{index}].unique_key",
+                        f"{row.unique_key!r} is also the key of specs[{first[row.unique_key]}]; "
+                        "give each spec its own key, or pass on_duplicate='return' to "
+                        "enqueue the first one only",
+                    )
+                continue
+            first[row.unique_key] = index
+        candidates.append(row)
+    if on_duplicate == "raise":
+        # A savepoint: raising rolls back the jobs this call inserted (and their NOTIFY).
+        with transaction.atomic(using=alias):
+            inserted, holders = _insert_unique(candidates, alias)
+            duplicate = next((row for row in rows if row.unique_key in holders), None)
+            if duplicate is not None:
+                assert duplicate.unique_key is not None
+                raise DuplicateJobError(duplicate.unique_key, holders[duplicate.unique_key])
+    else:
+        inserted, holders = _insert_unique(candidates, alias)
+    by_key = {**holders, **{job.unique_key: job for job in inserted.values() if job.unique_key}}
+    jobs = [inserted.get(row.id) or by_key[row.unique_key or ""] for row in rows]
+    _send_enqueued([inserted[row.id] for row in candidates if row.id in inserted])
+    return jobs
+
+
+def _insert_unique(rows: list[_Row], alias: str) -> tuple[dict[uuid.UUID, Job], dict[str, Job]]:
+    """Insert ``rows`` (one per key at most); return the inserted jobs by id, and the
+    active jobs that hold the keys of the others, by key."""
+    inserted: dict[uuid.UUID, Job] = {}
+    holders: dict[str, Job] = {}
+    todo = rows
+    for _ in range(UNIQUE_ROUNDS):
+        params: list[Any] = [list(column) for column in zip(*todo, strict=True)]
+        params.append([row.unique_key for row in todo if row.unique_key is not None])
+        notify = _wants_notify(alias, todo, record=False)
+        sent = {row.id: row for row in todo}
+        for job in _run(_sql(_INSERT_MANY_UNIQUE, params, notify), params, alias):
+            if job.id in sent:
+                inserted[job.id] = job
+            else:
+                assert job.unique_key is not None
+                holders[job.unique_key] = job
+        if notify:
+            _record_notified(alias, [row for row in todo if row.id in inserted])
+        # Left: keys whose holder committed while the insert waited for it.
+        todo = [row for row in todo if row.id not in inserted and row.unique_key not in holders]
+        if not todo:
+            if holders:
+                logger.debug("unique keys held by active jobs, not enqueued: %s", sorted(holders))
+            return inserted, holders
+    raise _unresolved(str(todo[0].unique_key))

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .models import Job
 
 
 class PgQueueError(Exception):
@@ -29,6 +33,27 @@ class InvalidWorkerOptionError(InvalidArgumentError):
     """A worker option (concurrency, queues, ...) is invalid; nothing was started."""
 
 
+class DuplicateJobError(PgQueueError):
+    """``enqueue(..., unique_key=..., on_duplicate="raise")`` found an active job with
+    that key (pending, claimed or running); nothing was inserted.
+
+    ``unique_key`` is the key, ``job_id`` the existing job's id and ``job`` the existing
+    ``Job`` as read at that moment.
+    """
+
+    def __init__(self, unique_key: str, job: Job) -> None:
+        self.unique_key = unique_key
+        self.job = job
+        self.job_id = job.id
+        super().__init__(
+            f"unique_key {unique_key!r} is held by active job {job.id} ({job.status}); "
+            "wait for it to finish, or pass on_duplicate='return' to get that job instead"
+        )
+
+    def __reduce__(self) -> tuple[type[DuplicateJobError], tuple[str, Job]]:
+        return (type(self), (self.unique_key, self.job))
+
+
 class JobRegistrationError(PgQueueError):
     """A handler could not be registered (for example, a job type registered twice)."""
 
@@ -39,6 +64,16 @@ class UnknownJobTypeError(PgQueueError, LookupError):
 
 class SettingsError(PgQueueError):
     """The ``PGQUEUE`` setting is malformed."""
+
+
+class MissingExtraError(PgQueueError, ImportError):
+    """An optional feature was used without its optional dependency installed."""
+
+    def __init__(self, feature: str, package: str, extra: str) -> None:
+        super().__init__(
+            f"{feature} needs {package}, which is not installed: "
+            f"pip install 'django-pgqueue[{extra}]'"
+        )
 
 
 class FailJob(PgQueueError):

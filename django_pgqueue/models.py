@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any, ClassVar
 
 from django.contrib.postgres.functions import RandomUUID
-from django.db import connections, models, router
-from django.db.models import Q, Value
+from django.db import IntegrityError, connections, models, router, transaction
+from django.db.models import Exists, OuterRef, Q, Value
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
 from . import conf
-from .exceptions import InvalidJobError, JobCancelled
+from .exceptions import InvalidJobError, JobCancelled, PgQueueError
 from .indexes import GinIndex
 
 
@@ -25,10 +26,16 @@ class JobStatus(models.TextChoices):
     CANCELLED = "cancelled", _("Cancelled")
 
 
+logger = logging.getLogger("django_pgqueue.models")
+
 #: States a worker holds a job in.
 IN_FLIGHT = (JobStatus.CLAIMED, JobStatus.RUNNING)
 #: States a job never leaves on its own.
 FINISHED = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)
+#: States in which a job holds its ``unique_key`` (the partial unique index's predicate).
+ACTIVE = (JobStatus.PENDING, JobStatus.CLAIMED, JobStatus.RUNNING)
+#: ``retry()`` runs its update again at most this many times when new jobs take the keys.
+UNIQUE_RETRY_ROUNDS = 10
 
 #: Codename of the permission to retry, cancel and run jobs now (``django_pgqueue.retry_job``).
 RETRY_PERMISSION = "retry_job"
@@ -54,23 +61,58 @@ class JobQuerySet(models.QuerySet["Job"]):
         return cancelled + requested
 
     def retry(self) -> int:
-        """Put failed or cancelled jobs back to pending, due now, with attempts reset."""
+        """Put failed or cancelled jobs back to pending, due now, with attempts reset.
+
+        A job whose ``unique_key`` is held by an active job stays as it is, and so do all
+        but the newest of several selected jobs sharing a key: those are skipped (and
+        logged), never an ``IntegrityError``. Returns the number of jobs retried.
+        """
         eligible = self.filter(status__in=(JobStatus.FAILED, JobStatus.CANCELLED))
         queues = _queues_of(eligible)
-        changed = eligible.update(
-            status=JobStatus.PENDING,
-            attempts=0,
-            run_at=Now(),
-            worker_id=None,
-            claimed_at=None,
-            started_at=None,
-            heartbeat_at=None,
-            completed_at=None,
-            cancel_requested_at=None,
-            progress=0,
-            worker_ids=[],
+        using = _write_db(self)
+        held = self.model.objects.filter(unique_key=OuterRef("unique_key"), status__in=ACTIVE)
+        # One job per free key: the newest. DISTINCT ON keeps its ORDER BY in a subquery.
+        free = (
+            eligible.filter(unique_key__isnull=False)
+            .filter(~Exists(held))
+            .order_by("unique_key", "-created_at", "-id")
+            .distinct("unique_key")
+            .values("pk")
         )
-        _notify(_write_db(self), queues if changed else [])
+        retryable = eligible.filter(Q(unique_key__isnull=True) | Q(pk__in=free))
+        for _round in range(UNIQUE_RETRY_ROUNDS):
+            try:
+                # A savepoint: a job enqueued with one of the keys meanwhile (committed
+                # after this statement's snapshot) violates the unique index; run again.
+                with transaction.atomic(using=using):
+                    changed = retryable.update(
+                        status=JobStatus.PENDING,
+                        attempts=0,
+                        run_at=Now(),
+                        worker_id=None,
+                        claimed_at=None,
+                        started_at=None,
+                        heartbeat_at=None,
+                        completed_at=None,
+                        cancel_requested_at=None,
+                        progress=0,
+                        worker_ids=[],
+                    )
+                break
+            except IntegrityError:
+                continue
+        else:
+            raise PgQueueError(
+                "retry: unique keys of the selected jobs kept being taken by new jobs; try again"
+            )
+        skipped = eligible.filter(unique_key__isnull=False).count()
+        if skipped:
+            logger.warning(
+                "retry skipped %d job(s) whose unique_key is held by an active job "
+                "(or by a newer selected job with the same key)",
+                skipped,
+            )
+        _notify(using, queues if changed else [])
         return changed
 
     def run_now(self) -> int:

@@ -6,7 +6,7 @@ import functools
 import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from . import validation
 from .backoff import Backoff
@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
 Handler = Callable[["Job"], Any]
 RetryBackoff = Backoff | Callable[[int], float]
+#: A default unique key: the key itself, or ``callable(data) -> key`` (``None``: no key).
+UniqueKey = str | Callable[[dict[str, Any]], str | None]
 
 
 class JobDefinition:
@@ -33,7 +35,7 @@ class JobDefinition:
         timeout: float | None,
         retry_backoff: RetryBackoff | None,
         atomic: bool,
-        unique_key: str | None = None,
+        unique_key: UniqueKey | None = None,
         schedule: str | None = None,
         concurrency: int | None = None,
     ) -> None:
@@ -45,7 +47,7 @@ class JobDefinition:
         self.timeout = timeout
         self.retry_backoff = retry_backoff
         self.atomic = atomic
-        #: Default ``unique_key`` of ``enqueue`` for this type.
+        #: Default ``unique_key`` of ``enqueue`` for this type (a string or a callable).
         self.unique_key = unique_key
         #: Cron expression: workers enqueue this job on each tick (periodic jobs).
         self.schedule = schedule
@@ -68,6 +70,8 @@ class JobDefinition:
         run_at: datetime | None = None,
         delay: float | timedelta | None = None,
         max_attempts: int | None = None,
+        unique_key: str | None = None,
+        on_duplicate: Literal["return", "raise"] = "return",
         using: str | None = None,
     ) -> Job:
         """Enqueue a job of this type; see :func:`django_pgqueue.enqueue`."""
@@ -81,6 +85,8 @@ class JobDefinition:
             run_at=run_at,
             delay=delay,
             max_attempts=max_attempts,
+            unique_key=unique_key,
+            on_duplicate=on_duplicate,
             using=using,
         )
 
@@ -170,6 +176,19 @@ def _qualified(func: Callable[..., Any]) -> str:
     return f"{func.__module__}.{func.__qualname__}"
 
 
+def _check_concurrency(value: Any) -> None:
+    from . import conf
+    from .exceptions import SettingsError
+
+    try:
+        conf.concurrency_limit(value, "@job(concurrency=...)")
+    except SettingsError as exc:
+        raise JobRegistrationError(
+            f"{exc}; use None (the default) for no limit. The limit applies across all "
+            "workers; a worker's own --concurrency bounds its threads"
+        ) from None
+
+
 @overload
 def job(job_type: Handler, /) -> JobDefinition: ...
 
@@ -185,7 +204,7 @@ def job(
     timeout: float | timedelta | None = None,
     retry_backoff: RetryBackoff | None = None,
     atomic: bool = True,
-    unique_key: str | None = None,
+    unique_key: UniqueKey | None = None,
     schedule: str | None = None,
     concurrency: int | None = None,
 ) -> Callable[[Handler], JobDefinition]: ...
@@ -201,7 +220,7 @@ def job(
     timeout: float | timedelta | None = None,
     retry_backoff: RetryBackoff | None = None,
     atomic: bool = True,
-    unique_key: str | None = None,
+    unique_key: UniqueKey | None = None,
     schedule: str | None = None,
     concurrency: int | None = None,
 ) -> JobDefinition | Callable[[Handler], JobDefinition]:
@@ -211,7 +230,11 @@ def job(
     ``max_attempts`` become the defaults of ``enqueue`` for this type. ``timeout`` bounds
     one run; ``retry_backoff`` is a :class:`Backoff` or ``callable(attempt) -> seconds``.
     With ``atomic=True`` (the default) the handler runs inside ``transaction.atomic``, so
-    a failed attempt leaves none of its writes behind.
+    a failed attempt leaves none of its writes behind. ``concurrency=N`` lets at most N
+    jobs of this type be claimed or running at once across all workers
+    (``PGQUEUE["JOB_TYPE_LIMITS"]`` overrides it). ``unique_key`` is the default key
+    of ``enqueue`` for this type: a string, or ``callable(data) -> str | None``.
+    ``schedule`` (a cron expression) makes workers enqueue the job on every tick.
     """
     if callable(job_type):
         return job()(job_type)
@@ -232,6 +255,19 @@ def job(
         and not isinstance(retry_backoff, Backoff)
     ):
         raise JobRegistrationError("retry_backoff must be a Backoff or a callable(attempt)")
+    if isinstance(unique_key, str):
+        validation.unique_key(unique_key)
+    elif unique_key is not None and not callable(unique_key):
+        raise JobRegistrationError(
+            f"unique_key must be a string, a callable(data) -> str | None, or None; "
+            f"got {type(unique_key).__name__}"
+        )
+    if concurrency is not None:
+        _check_concurrency(concurrency)
+    if schedule is not None:
+        from .periodic import validate_cron
+
+        schedule = validate_cron(schedule)
 
     def decorate(func: Handler) -> JobDefinition:
         if not callable(func):

@@ -41,6 +41,29 @@ def queue(value: Any, field: str = "queue") -> str:
     return _name(field, value, _QUEUE_RE, conf.QUEUE_MAX_LENGTH, "queue name")
 
 
+def unique_key(value: Any, field: str = "unique_key") -> str:
+    """A unique key: any text of 1 to ``UNIQUE_KEY_MAX_LENGTH`` characters, no NUL."""
+    if not isinstance(value, str):
+        raise InvalidJobError(field, f"must be a string, got {type(value).__name__}")
+    if not value:
+        raise InvalidJobError(field, "must not be empty; pass None for no key")
+    if len(value) > conf.UNIQUE_KEY_MAX_LENGTH:
+        raise InvalidJobError(
+            field,
+            f"must be at most {conf.UNIQUE_KEY_MAX_LENGTH} characters, got {len(value)}; "
+            "hash long parts of the key (e.g. hashlib.sha256(...).hexdigest())",
+        )
+    if "\x00" in value:
+        raise InvalidJobError(field, "must not contain NUL characters (PostgreSQL rejects them)")
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise InvalidJobError(
+            field, "must be valid Unicode text (it contains a lone surrogate such as '\\ud800')"
+        ) from None
+    return value
+
+
 def priority(value: Any, field: str = "priority") -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise InvalidJobError(field, f"must be an integer, got {value!r}")

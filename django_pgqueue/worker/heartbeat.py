@@ -1,16 +1,21 @@
-"""The heartbeat thread: proves this worker is alive, relays cancellation requests, and
-periodically recovers jobs of workers that died."""
+"""The heartbeat thread: proves this worker is alive, relays cancellation requests,
+periodically recovers jobs of workers that died, and enqueues periodic jobs on their
+ticks."""
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from django.db import DatabaseError, connections
+from django.utils import timezone
 
+from ..exceptions import PgQueueError
+from ..periodic import enqueue_due_ticks, next_tick
 from ..pruning import prune_by_settings
 from ..recovery import recover_stale_jobs
 from . import queries
@@ -31,6 +36,7 @@ class Heartbeat(threading.Thread):
         held_jobs: Callable[[], list[RunningJob]],
         unflushed_job_ids: Callable[[], list[Any]],
         stopping: threading.Event,
+        run_schedules: bool = True,
     ) -> None:
         super().__init__(name="pgqueue-heartbeat", daemon=True)
         self._alias = alias
@@ -41,26 +47,70 @@ class Heartbeat(threading.Thread):
         self._held_jobs = held_jobs
         self._unflushed_job_ids = unflushed_job_ids
         self._stopping = stopping
+        self._run_schedules = run_schedules
 
     def run(self) -> None:
-        next_recovery = time.monotonic() + self._recover_interval
+        started = time.monotonic()
+        next_beat = started + self._interval
+        next_recovery = started + self._recover_interval
+        # At once on start: a worker starting after downtime enqueues missed ticks now.
+        next_schedule = started if self._run_schedules else math.inf
         try:
-            while not self._stopping.wait(self._interval):
-                try:
-                    self.beat()
-                    if time.monotonic() >= next_recovery:
-                        next_recovery = time.monotonic() + self._recover_interval
-                        recover_stale_jobs(self._stale_after, using=self._alias)
-                        with connections[self._alias].cursor() as cursor:
-                            cursor.execute(queries.FORGET_OLD_WORKERS)
-                    # Bounded in time so that heartbeats stay on schedule; a backlog of
-                    # finished jobs shrinks over the following beats.
-                    prune_by_settings(max_seconds=self._interval / 2, using=self._alias)
-                except DatabaseError as exc:
-                    logger.warning("heartbeat failed (%s); retrying in %.1fs", exc, self._interval)
-                    connections[self._alias].close()
+            while not self._stopping.wait(max(min(next_beat, next_schedule) - time.monotonic(), 0)):
+                if time.monotonic() >= next_beat:
+                    next_recovery = self._maintain(next_recovery)
+                    next_beat = time.monotonic() + self._interval
+                if time.monotonic() >= next_schedule:
+                    next_schedule = self._enqueue_periodic_jobs()
         finally:
             connections.close_all()
+
+    def _maintain(self, next_recovery: float) -> float:
+        """Beat, recover and prune; return when recovery is due next."""
+        try:
+            self.beat()
+            if time.monotonic() >= next_recovery:
+                next_recovery = time.monotonic() + self._recover_interval
+                recover_stale_jobs(self._stale_after, using=self._alias)
+                with connections[self._alias].cursor() as cursor:
+                    cursor.execute(queries.FORGET_OLD_WORKERS)
+            # Bounded in time so that heartbeats stay on schedule; a backlog of
+            # finished jobs shrinks over the following beats.
+            prune_by_settings(max_seconds=self._interval / 2, using=self._alias)
+        except DatabaseError as exc:
+            logger.warning("heartbeat failed (%s); retrying in %.1fs", exc, self._interval)
+            connections[self._alias].close()
+        return next_recovery
+
+    def _enqueue_periodic_jobs(self) -> float:
+        """Enqueue due ticks of periodic jobs; return when to do it next.
+
+        Next is the earliest upcoming tick by this host's clock, so ticks are enqueued on
+        time, but never later than one interval away: a clock stepped by NTP, or a tick
+        that could not be enqueued, is caught up within an interval. Never raises.
+        """
+        try:
+            enqueue_due_ticks(using=self._alias)
+            upcoming = next_tick()
+        except DatabaseError as exc:
+            logger.warning(
+                "periodic jobs: could not enqueue due ticks (%s); retrying in %.1fs",
+                exc,
+                self._interval,
+            )
+            connections[self._alias].close()
+            return time.monotonic() + self._interval
+        except PgQueueError as exc:
+            logger.error("periodic jobs: %s; retrying in %.1fs", exc, self._interval)
+            return time.monotonic() + self._interval
+        except Exception:
+            # A broken schedule must not stop heartbeats: they keep this worker's jobs.
+            logger.exception("periodic jobs: unexpected error; retrying in %.1fs", self._interval)
+            return time.monotonic() + self._interval
+        wait = self._interval
+        if upcoming is not None:
+            wait = min(wait, max((upcoming - timezone.now()).total_seconds(), 0.0))
+        return time.monotonic() + wait
 
     def beat(self) -> None:
         """Refresh ``heartbeat_at`` of held jobs and deliver cancellation requests.

@@ -4,11 +4,14 @@ until no due job is left)."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_pgqueue.exceptions import PgQueueError
+
+if TYPE_CHECKING:
+    from django_pgqueue.metrics import MetricsServer
 
 
 def _csv(value: str) -> list[str]:
@@ -73,6 +76,18 @@ class Command(BaseCommand):
             choices=["DEBUG", "INFO", "WARNING", "ERROR"],
             help="Level of the django_pgqueue loggers (default: %(default)s).",
         )
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            default=None,
+            help="Serve Prometheus metrics over HTTP on this port, 1 to 65535 "
+            "(default: no metrics server; needs django-pgqueue[metrics]).",
+        )
+        parser.add_argument(
+            "--metrics-addr",
+            default="0.0.0.0",
+            help="Address the metrics server listens on (default: %(default)s).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         from django_pgqueue.worker import Worker
@@ -91,9 +106,32 @@ class Command(BaseCommand):
             )
         except (PgQueueError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
-        code = worker.run()
+        server = _start_metrics(options["metrics_port"], options["metrics_addr"])
+        try:
+            code = worker.run()
+        finally:
+            if server is not None:
+                server.stop()
         if code:
             raise CommandError(f"worker exited with status {code}", returncode=code)
+
+
+def _start_metrics(port: int | None, addr: str) -> MetricsServer | None:
+    if port is None:
+        return None
+    if not 1 <= port <= 65535:
+        raise CommandError(f"--metrics-port must be from 1 to 65535, got {port}")
+    try:
+        from django_pgqueue.metrics import start_metrics_server
+    except PgQueueError as exc:  # prometheus-client is missing
+        raise CommandError(f"--metrics-port: {exc}") from exc
+    try:
+        return start_metrics_server(port, addr)
+    except OSError as exc:
+        raise CommandError(
+            f"--metrics-port: cannot listen on {addr}:{port} ({exc.strerror or exc}); "
+            "choose a free port, or another --metrics-addr"
+        ) from exc
 
 
 def _configure_logging(level: str) -> None:

@@ -1,0 +1,150 @@
+"""Queue pause and resume, and what is known about each queue.
+
+A paused queue keeps its jobs and accepts new ones, but no worker claims from it until
+it is resumed; jobs already claimed or running finish normally. The state lives in
+``pgqueue_queues`` (:class:`~django_pgqueue.models.QueueState`), which
+``claim_job_batch`` reads on every claim, so pausing takes effect at every worker's next
+claim without restarting anything.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import connections, transaction
+
+from . import conf, registry, validation
+from .limits import stored_limits
+from .models import LimitScope, _notify
+
+logger = logging.getLogger("django_pgqueue.queues")
+
+
+def _alias(using: str | None) -> str:
+    return using or conf.get_settings().DATABASE
+
+
+def pause_queue(name: str, *, using: str | None = None) -> bool:
+    """Stop workers from claiming jobs of queue ``name``; True if it was not paused.
+
+    The queue need not have jobs yet. Running jobs are not interrupted.
+    """
+    validation.queue(name)
+    alias = _alias(using)
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO pgqueue_queues (name, paused_at, updated_at) VALUES (%s, now(), now()) "
+            "ON CONFLICT (name) DO UPDATE SET paused_at = now(), updated_at = now() "
+            "WHERE pgqueue_queues.paused_at IS NULL RETURNING name",
+            [name],
+        )
+        changed = cursor.fetchone() is not None
+    if changed:
+        logger.info("queue %s paused", name)
+    return changed
+
+
+def resume_queue(name: str, *, using: str | None = None) -> bool:
+    """Let workers claim jobs of queue ``name`` again; True if it was paused.
+
+    Idle workers serving the queue are woken by ``NOTIFY`` (when ``PGQUEUE["NOTIFY"]``
+    is on) once the caller's transaction commits, so its due jobs start at once.
+    """
+    validation.queue(name)
+    alias = _alias(using)
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        cursor.execute(
+            "UPDATE pgqueue_queues SET paused_at = NULL, updated_at = now() "
+            "WHERE name = %s AND paused_at IS NOT NULL RETURNING name",
+            [name],
+        )
+        changed = cursor.fetchone() is not None
+        if changed:
+            _notify(alias, [name])
+    if changed:
+        logger.info("queue %s resumed", name)
+    return changed
+
+
+def paused_queues(using: str | None = None) -> list[str]:
+    """Names of the paused queues, sorted."""
+    return sorted(paused_since(using))
+
+
+def paused_since(using: str | None = None) -> dict[str, datetime]:
+    """When each paused queue was paused."""
+    with connections[_alias(using)].cursor() as cursor:
+        cursor.execute("SELECT name, paused_at FROM pgqueue_queues WHERE paused_at IS NOT NULL")
+        return dict(cursor.fetchall())
+
+
+def queue_limits(using: str | None = None) -> dict[str, int]:
+    """The concurrency limit of each limited queue, as workers enforce it now."""
+    return {
+        name: limit
+        for (scope, name), limit in stored_limits(_alias(using)).items()
+        if scope == LimitScope.QUEUE
+    }
+
+
+@dataclass(frozen=True)
+class QueueInfo:
+    """A queue as ``pgqueue_queue list`` shows it."""
+
+    name: str
+    paused_at: datetime | None
+    #: Pending jobs, due or delayed.
+    pending: int
+    #: Claimed or running jobs.
+    running: int
+    #: The queue's concurrency limit (None: unlimited).
+    limit: int | None
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_at is not None
+
+
+def known_queues(using: str | None = None) -> list[str]:
+    """The names of the queues :func:`describe_queues` describes."""
+    return [info.name for info in describe_queues(using)]
+
+
+def describe_queues(using: str | None = None) -> list[QueueInfo]:
+    """Every queue worth showing, sorted by name, with its state and active jobs.
+
+    That is: queues with pending, claimed or running jobs, paused (or once paused)
+    queues, limited queues, the default queue and the queues of registered job types.
+    Finished jobs are not read, so this stays cheap on a large table.
+    """
+    alias = _alias(using)
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            "SELECT queue, count(*) FILTER (WHERE status = 'pending'), "
+            "count(*) FILTER (WHERE status <> 'pending') FROM pgqueue_jobs "
+            "WHERE status IN ('pending', 'claimed', 'running') GROUP BY queue"
+        )
+        counts: dict[str, tuple[int, int]] = {
+            queue: (pending, running) for queue, pending, running in cursor.fetchall()
+        }
+        cursor.execute("SELECT name, paused_at FROM pgqueue_queues")
+        states: dict[str, Any] = dict(cursor.fetchall())
+    limits = queue_limits(alias)
+    names = {*counts, *states, *limits, conf.get_settings().DEFAULT_QUEUE}
+    for job_type in registry.registered_job_types():
+        queue = registry.get_definition(job_type).queue
+        if queue:
+            names.add(queue)
+    return [
+        QueueInfo(
+            name=name,
+            paused_at=states.get(name),
+            pending=counts.get(name, (0, 0))[0],
+            running=counts.get(name, (0, 0))[1],
+            limit=limits.get(name),
+        )
+        for name in sorted(names)
+    ]
