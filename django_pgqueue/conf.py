@@ -49,6 +49,8 @@ class PgQueueSettings:
     STALE_AFTER: float = 60.0
     RECOVER_INTERVAL: float = 30.0
     SHUTDOWN_GRACE: float = 30.0
+    #: Most claimed jobs a worker holds beyond its running ones, for fast jobs (0: none).
+    PREFETCH: int = 100
     RETRY_BACKOFF_BASE: float = 5.0
     RETRY_BACKOFF_MAX: float = 3600.0
     #: Completed and cancelled jobs older than this are deleted by workers (None: kept).
@@ -164,6 +166,8 @@ def _validate(raw: dict[str, Any]) -> PgQueueSettings:
         )
     if result.MAX_PAYLOAD_BYTES < 2:
         raise SettingsError("PGQUEUE['MAX_PAYLOAD_BYTES'] must be at least 2 (the size of {})")
+    if not 0 <= result.PREFETCH <= 10000:
+        raise SettingsError("PGQUEUE['PREFETCH'] must be between 0 and 10000 (0: no prefetch)")
     from .exceptions import InvalidArgumentError
     from .validation import queue
 

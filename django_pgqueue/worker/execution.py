@@ -9,6 +9,7 @@ import time
 import traceback
 import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
@@ -35,6 +36,8 @@ class Outcome:
     error: str | None = None
     traceback: str | None = None
     result: str | None = None
+    #: ``time.time()`` when the handler started (None: it never started).
+    started: float | None = None
 
 
 @dataclass(eq=False)
@@ -52,6 +55,12 @@ class RunningJob:
     timeout_signalled_at: float | None = None
     abandoned: bool = False
     outcome: Outcome | None = None
+    #: When a slot started the handler: ``time.time()`` (recorded as ``started_at``) and
+    #: ``time.monotonic()``; None while the job waits in the worker's prefetch buffer.
+    started_wall: float | None = None
+    started_monotonic: float | None = None
+    #: Seconds the handler ran, once it returned.
+    duration: float | None = None
 
 
 def _retry_or_fail(running: RunningJob, error: str, tb: str | None, delay: float | None) -> Outcome:
@@ -140,7 +149,15 @@ def execute(running: RunningJob, alias: str) -> Outcome:
             f"{job.worker_id} (registered: {', '.join(registry.registered_job_types())})"
         )
         return _failed(running, exc)
+    if running.cancel_event.is_set():
+        # Cancelled while it waited in the prefetch buffer: never started.
+        return Outcome(job.id, "cancelled", error="cancelled before it started")
     job._cancel_event = running.cancel_event
+    running.started_wall = time.time()
+    running.started_monotonic = time.monotonic()
+    job.started_at = datetime.fromtimestamp(running.started_wall, tz=UTC)
+    if definition.timeout:
+        running.deadline = running.started_monotonic + definition.timeout
     _send(signals.job_started, job)
     running.thread_id = threading.get_ident()
     try:
@@ -153,6 +170,7 @@ def execute(running: RunningJob, alias: str) -> Outcome:
         finally:
             with running.thread_lock:
                 running.thread_id = None
+            running.duration = time.monotonic() - running.started_monotonic
     except BaseException as exc:  # even sys.exit() in a handler must not kill the slot
         _reset_broken_connections()
         return _failed(running, exc)

@@ -6,7 +6,8 @@ from __future__ import annotations
 CLAIM = "SELECT * FROM claim_job_batch(%s, %s, %s, %s)"
 
 # Sent right after CLAIM in the same pipeline, so it needs no ids: every job this worker
-# holds in the claimed state is being started now.
+# holds in the claimed state is handed to its slots now (a slot starts it at once or,
+# with prefetch, as soon as one is free; FINISH then records the actual start time).
 MARK_RUNNING = """
 UPDATE pgqueue_jobs
    SET status = 'running', started_at = now(), heartbeat_at = now()
@@ -29,9 +30,11 @@ UPDATE pgqueue_jobs AS jobs
        worker_ids = CASE WHEN o.refund > 0 THEN jobs.worker_ids - (-1) ELSE jobs.worker_ids END,
        last_error = COALESCE(o.error, jobs.last_error),
        last_traceback = COALESCE(o.traceback, jobs.last_traceback),
-       result = o.result::jsonb
+       result = o.result::jsonb,
+       started_at = COALESCE(to_timestamp(o.started), jobs.started_at)
   FROM unnest(%s::uuid[], %s::text[], %s::float8[], %s::int[], %s::text[], %s::text[],
-              %s::text[]) AS o(id, status, delay, refund, error, traceback, result)
+              %s::text[], %s::float8[])
+       AS o(id, status, delay, refund, error, traceback, result, started)
  WHERE jobs.id = o.id
    AND jobs.worker_id = %s
    AND jobs.status IN ('claimed', 'running')

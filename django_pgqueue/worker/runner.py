@@ -42,6 +42,12 @@ logger = logging.getLogger("django_pgqueue.worker")
 TIMEOUT_GRACE = 2.0
 MAX_BATCH_SIZE = 1000
 MAX_CONCURRENCY = 1000
+MAX_PREFETCH = 10000
+#: The prefetch buffer is sized so that a job waits in it about this long at most,
+#: judging by how long recent jobs ran: fast jobs get a deep buffer, slow ones none.
+PREFETCH_TARGET_WAIT = 0.02
+#: Weight of the newest run in the moving average of run times.
+DURATION_SMOOTHING = 0.1
 
 
 def default_worker_id() -> str:
@@ -53,8 +59,12 @@ class Worker:
     """Runs jobs until stopped (``stop()``, SIGTERM, SIGINT) or, with ``burst``, until no
     due job is left.
 
-    ``concurrency`` slots run jobs at once; at most that many jobs are held. Each claim
-    takes at most ``batch_size`` jobs (default: ``concurrency``). ``queues`` and
+    ``concurrency`` slots run jobs at once. Besides the jobs running, a worker holds at
+    most ``prefetch`` claimed jobs in a buffer that free slots take from without waiting
+    for the database; the buffer only fills while recent jobs were fast enough to start
+    within about 20 ms (``PREFETCH_TARGET_WAIT``), so slow jobs are never hoarded.
+    ``prefetch=0`` claims only into free slots. Each claim takes at most ``batch_size``
+    jobs (default: ``concurrency + prefetch``, at most 1000). ``queues`` and
     ``job_types`` restrict what is claimed (``None``: any).
     """
 
@@ -65,6 +75,7 @@ class Worker:
         job_types: Sequence[str] | None = None,
         concurrency: int = 4,
         batch_size: int | None = None,
+        prefetch: int | None = None,
         poll_interval: float | None = None,
         burst: bool = False,
         worker_id: str | None = None,
@@ -80,6 +91,7 @@ class Worker:
                 job_types=job_types,
                 concurrency=concurrency,
                 batch_size=batch_size,
+                prefetch=prefetch,
                 poll_interval=poll_interval,
                 shutdown_grace=shutdown_grace,
             )
@@ -108,6 +120,9 @@ class Worker:
         self._conn: psycopg.Connection[Any] | None = None
         self._listener: NotificationListener | None = None
         self._last_claim_at = 0.0
+        self._slots: SlotPool | None = None
+        #: Moving average of handler run times (None until a job ran).
+        self._average_duration: float | None = None
 
     @property
     def processed(self) -> int:
@@ -122,14 +137,25 @@ class Worker:
         job_types: Sequence[str] | None,
         concurrency: int,
         batch_size: int | None,
+        prefetch: int | None,
         poll_interval: float | None,
         shutdown_grace: float | None,
     ) -> None:
         self.queues = _names(queues, validation.queue, "queues")
         self.job_types = _names(job_types, validation.job_type, "job_types")
         self.concurrency = _bounded_int(concurrency, "concurrency", MAX_CONCURRENCY)
+        self.prefetch = _bounded_int(
+            settings.PREFETCH if prefetch is None else prefetch,
+            "prefetch",
+            MAX_PREFETCH,
+            minimum=0,
+        )
         self.batch_size = _bounded_int(
-            batch_size if batch_size is not None else concurrency, "batch_size", MAX_BATCH_SIZE
+            batch_size
+            if batch_size is not None
+            else min(self.concurrency + self.prefetch, MAX_BATCH_SIZE),
+            "batch_size",
+            MAX_BATCH_SIZE,
         )
         self.poll_interval = validation.seconds(
             settings.POLL_INTERVAL if poll_interval is None else poll_interval,
@@ -151,16 +177,17 @@ class Worker:
     def run(self) -> int:
         """Run until stopped; return the process exit code (0 on a clean stop)."""
         logger.info(
-            "worker %s starting: queues=%s job_types=%s concurrency=%d batch_size=%d",
+            "worker %s starting: queues=%s job_types=%s concurrency=%d prefetch=%d batch_size=%d",
             self.worker_id,
             ",".join(self.queues) if self.queues else "*",
             ",".join(self.job_types) if self.job_types else "*",
             self.concurrency,
+            self.prefetch,
             self.batch_size,
         )
         previous_handlers = self._install_signal_handlers()
         self._register()
-        slots = SlotPool(self.concurrency, self.using, self._on_job_done)
+        slots = self._slots = SlotPool(self.concurrency, self.using, self._on_job_done)
         threads = self._start_threads()
         try:
             self._loop(slots)
@@ -273,7 +300,7 @@ class Worker:
         for running in self._running.values():
             if running.deadline is not None:
                 timeout = min(timeout, max(running.deadline - now, 0.0) + 0.01)
-        if self._listener is not None and self._free_slots() > 0:
+        if self._listener is not None and self._room() > 0:
             # Enqueuers skip the NOTIFY of a job committed just after one they sent
             # (enqueue.NOTIFY_COALESCE_SECONDS): claim once more that long after each one.
             recheck_at = self._listener.last_notified + NOTIFY_COALESCE_SECONDS
@@ -281,17 +308,31 @@ class Worker:
                 timeout = min(timeout, max(recheck_at - now, 0.0))
         return timeout
 
-    def _free_slots(self) -> int:
-        return self.concurrency - len(self._running) - len(self._abandoned)
+    def _room(self) -> int:
+        """How many more jobs to hold: free slots plus the prefetch buffer's room."""
+        return self.concurrency + self._prefetch_depth() - len(self._running) - len(self._abandoned)
+
+    def _prefetch_depth(self) -> int:
+        average = self._average_duration
+        if not self.prefetch or average is None:
+            return 0
+        return min(self.prefetch, int(self.concurrency * PREFETCH_TARGET_WAIT / max(average, 1e-6)))
+
+    def _observe_duration(self, seconds: float) -> None:
+        average = self._average_duration
+        self._average_duration = (
+            seconds if average is None else average + DURATION_SMOOTHING * (seconds - average)
+        )
 
     def _cycle(self, slots: SlotPool | None) -> tuple[list[Job], int]:
-        """Record pending outcomes, claim into free slots and start what was claimed.
+        """Record pending outcomes, claim into free slots (and the prefetch buffer) and
+        hand what was claimed to the slots.
 
         The three statements go to the server as one pipeline: one network round trip
         and one transaction, so a failure leaves nothing half done.
         """
-        free = self._free_slots()
-        asked = 0 if slots is None or self._stopping.is_set() else min(free, self.batch_size)
+        room = self._room()
+        asked = 0 if slots is None or self._stopping.is_set() else min(room, self.batch_size)
         asked = max(asked, 0)
         outcomes = self._outcomes
         if not outcomes and not asked:
@@ -305,10 +346,18 @@ class Worker:
                 finish = conn.cursor()
                 finish.execute(queries.FINISH, _finish_params(outcomes, self.worker_id))
             if asked:
-                claim = conn.cursor()
-                claim.execute(queries.CLAIM, [self.worker_id, self.job_types, asked, self.queues])
-                start = conn.cursor()
-                start.execute(queries.MARK_RUNNING, [self.worker_id])
+                # Binary results: psycopg's C loaders decode the timestamps and UUIDs
+                # of a whole batch far faster than text parsing in Python.
+                # (A plain server-binding Cursor: Django's settings may make the
+                # connection's default a ClientCursor, which cannot return binary.)
+                claim = psycopg.Cursor(conn)
+                claim.execute(
+                    queries.CLAIM,
+                    [self.worker_id, self.job_types, asked, self.queues],
+                    binary=True,
+                )
+                start = psycopg.Cursor(conn)
+                start.execute(queries.MARK_RUNNING, [self.worker_id], binary=True)
         self.round_trips += 1
         if finish is not None:
             self._record_finished(outcomes, {row[0] for row in finish.fetchall()})
@@ -316,7 +365,7 @@ class Worker:
             return [], asked
         assert claim.description is not None
         columns = [column.name for column in claim.description]
-        jobs = [Job.from_row(columns, row, self.using) for row in claim.fetchall()]
+        jobs = Job.from_rows(columns, claim.fetchall(), self.using)
         jobs.sort(key=lambda job: (-job.priority, job.created_at))
         started = {row[0]: (row[1], row[2]) for row in start.fetchall()}
         assert slots is not None
@@ -326,7 +375,6 @@ class Worker:
     def _start(
         self, jobs: list[Job], started: dict[Any, tuple[Any, bool]], slots: SlotPool
     ) -> None:
-        now = time.monotonic()
         for job in jobs:
             if job.id not in started:
                 continue  # taken back by recovery between claim and start
@@ -339,8 +387,7 @@ class Worker:
                     Outcome(job.id, "cancelled", error="cancelled before it started")
                 )
                 continue
-            if definition is not None and definition.timeout:
-                running.deadline = now + definition.timeout
+            # The slot sets the deadline when it starts the handler (execution.execute).
             self._running[job.id] = running
             slots.submit(running)
 
@@ -374,6 +421,9 @@ class Worker:
             if self._abandoned.pop(job_id, None) is not None:
                 continue  # its timeout outcome was recorded when it was abandoned
             self._running.pop(job_id, None)
+            outcome.started = running.started_wall
+            if running.duration is not None:
+                self._observe_duration(running.duration)
             self._outcomes.append(outcome)
             _log_outcome(running.job, outcome)
 
@@ -392,12 +442,20 @@ class Worker:
                 logger.error("job %s did not stop after its timeout; abandoning it", job_id)
                 del self._running[job_id]
                 self._abandoned[job_id] = running
-                self._outcomes.append(timeout_outcome(running))
+                outcome = timeout_outcome(running)
+                outcome.started = running.started_wall
+                self._outcomes.append(outcome)
 
     # -- shutdown -----------------------------------------------------------------------
 
     def _drain_and_release(self) -> None:
-        """Let running jobs finish within the grace period, then release the rest."""
+        """Release the jobs no slot started yet, let running jobs finish within the grace
+        period, then release the rest."""
+        if self._slots is not None:
+            for running in self._slots.take_unstarted():
+                self._running.pop(running.job.id, None)
+                self._outcomes.append(Outcome(running.job.id, "pending", refund=1))
+            self._reap()
         deadline = time.monotonic() + self.shutdown_grace
         if self._running:
             logger.info(
@@ -486,6 +544,7 @@ def _finish_params(outcomes: list[Outcome], worker_id: str) -> list[Any]:
         [o.error for o in outcomes],
         [o.traceback for o in outcomes],
         [o.result for o in outcomes],
+        [o.started for o in outcomes],
         worker_id,
     ]
 
@@ -520,9 +579,9 @@ def _names(values: Iterable[str] | None, check: Any, field: str) -> list[str] | 
     return names
 
 
-def _bounded_int(value: Any, field: str, maximum: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= maximum:
+def _bounded_int(value: Any, field: str, maximum: int, *, minimum: int = 1) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= maximum:
         raise InvalidWorkerOptionError(
-            field, f"must be an integer from 1 to {maximum}, got {value!r}"
+            field, f"must be an integer from {minimum} to {maximum}, got {value!r}"
         )
     return value

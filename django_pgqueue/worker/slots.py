@@ -22,7 +22,11 @@ _STOP = object()
 
 
 class SlotPool:
-    """``size`` threads taking jobs from a queue; each finished job goes to ``on_done``."""
+    """``size`` threads taking jobs from a queue; each finished job goes to ``on_done``.
+
+    Jobs submitted while every slot is busy wait in the queue: the worker's prefetch
+    buffer, which a free slot drains without waiting for the main loop.
+    """
 
     def __init__(
         self, size: int, alias: str, on_done: Callable[[RunningJob, Outcome], None]
@@ -39,6 +43,20 @@ class SlotPool:
 
     def submit(self, running: RunningJob) -> None:
         self._inbox.put(running)
+
+    def take_unstarted(self) -> list[RunningJob]:
+        """Remove and return the jobs no slot has started yet (the prefetch buffer)."""
+        taken: list[RunningJob] = []
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return taken
+            if isinstance(item, RunningJob):
+                taken.append(item)
+            else:
+                self._inbox.put(item)  # a stop marker: leave it for a slot
+                return taken
 
     def stop(self) -> None:
         """Ask idle slots to exit once the queue is drained (busy ones finish first)."""
