@@ -265,9 +265,15 @@ def most_at_once(intervals: list[tuple[Any, Any]]) -> int:
 
 # A worker stalled for seconds on a loaded machine would have its jobs recovered and run
 # again while it still runs them: at-least-once, but no longer "at most 2 at once".
-SLOW_MACHINE_SAFE = {
-    "PGQUEUE_TEST_SETTINGS": json.dumps({"HEARTBEAT_INTERVAL": 1, "STALE_AFTER": 60})
-}
+def worker_settings(scope: str, name: str, max_running: int) -> dict[str, str]:
+    setting = "QUEUE_LIMITS" if scope == "queue" else "JOB_TYPE_LIMITS"
+    return {
+        "PGQUEUE_TEST_SETTINGS": json.dumps(
+            {"HEARTBEAT_INTERVAL": 1, "STALE_AFTER": 60, setting: {name: max_running}}
+        )
+    }
+
+
 # Each variant splits the jobs in two groups under one limit, and gives each group its own
 # workers: several processes then necessarily compete for the same limit (unrestricted
 # workers would let whichever process starts first keep re-claiming every freed place).
@@ -289,8 +295,7 @@ VARIANTS = {
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_worker_processes_never_run_more_jobs_at_once_than_the_limit(variant):
     (scope, name), groups, restrictions = VARIANTS[variant]
-    # Written directly until workers sync the declared limits themselves when they start.
-    limit(scope, name, 2)
+    # The workers write the limit from their settings when they start.
     jobs = enqueue_many(
         [
             {"job_type": job_type, "queue": queue, "data": {"sleep": 0.08}}
@@ -307,7 +312,7 @@ def test_worker_processes_never_run_more_jobs_at_once_than_the_limit(variant):
             "--worker-id",
             f"w{i}",
             *restriction,
-            env=SLOW_MACHINE_SAFE,
+            env=worker_settings(scope, name, 2),
         )
         for i, restriction in enumerate([*restrictions, restrictions[0]])
     ]
@@ -324,3 +329,4 @@ def test_worker_processes_never_run_more_jobs_at_once_than_the_limit(variant):
     assert len(executions) == len(jobs)  # each job ran once
     assert most_at_once([(start, end) for start, end, _ in executions]) == 2
     assert len({worker_id for _, _, worker_id in executions}) >= 2
+    assert ConcurrencyLimit.objects.filter(scope=scope, name=name, max_running=2).exists()

@@ -187,6 +187,7 @@ class Worker:
         )
         previous_handlers = self._install_signal_handlers()
         self._register()
+        self._sync_limits()
         slots = self._slots = SlotPool(self.concurrency, self.using, self._on_job_done)
         threads = self._start_threads()
         try:
@@ -246,6 +247,18 @@ class Worker:
                 self._drop_connection()
                 if self._stopping.wait(delay):
                     return
+
+    def _sync_limits(self) -> None:
+        """Write the declared concurrency limits, which ``claim_job_batch`` enforces."""
+        from django.db import DatabaseError
+
+        from ..limits import sync_declared_limits
+
+        try:
+            sync_declared_limits(self.using)
+        except DatabaseError as exc:
+            # The limits stored by an earlier worker still apply: keep running.
+            logger.error("could not write the declared concurrency limits (%s)", exc)
 
     def _mark_stopped(self) -> None:
         try:

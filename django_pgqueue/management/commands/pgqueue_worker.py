@@ -44,7 +44,14 @@ class Command(BaseCommand):
             "--batch-size",
             type=int,
             default=None,
-            help="Most jobs claimed per query (default: the concurrency).",
+            help="Most jobs claimed per query (default: concurrency + prefetch, at most 1000).",
+        )
+        parser.add_argument(
+            "--prefetch",
+            type=int,
+            default=None,
+            help="Most claimed jobs held beyond the running ones, while jobs are fast "
+            "(default: PGQUEUE['PREFETCH'], 100 unless set; 0 disables prefetching).",
         )
         parser.add_argument(
             "--poll-interval",
@@ -99,6 +106,7 @@ class Command(BaseCommand):
                 job_types=options["job_types"],
                 concurrency=options["concurrency"],
                 batch_size=options["batch_size"],
+                prefetch=options["prefetch"],
                 poll_interval=options["poll_interval"],
                 burst=options["burst"],
                 worker_id=options["worker_id"],
