@@ -18,7 +18,26 @@ _QUEUE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]*$")
 _JSON_NUL_RE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
+#: Names that passed ``_name`` already, by pattern: a job type or queue is validated once,
+#: not on every enqueue. Bounded, so that unbounded distinct names cannot grow it forever.
+_VALID_NAMES: dict[str, set[str]] = {}
+_VALID_NAMES_KEPT = 10_000
+
+
 def _name(field: str, value: Any, pattern: re.Pattern[str], max_length: int, what: str) -> str:
+    known = _VALID_NAMES.setdefault(pattern.pattern, set())
+    if type(value) is str and value in known:
+        return value
+    _check_name(field, value, pattern, max_length, what)
+    if len(known) >= _VALID_NAMES_KEPT:
+        known.clear()
+    known.add(value)
+    return value
+
+
+def _check_name(
+    field: str, value: Any, pattern: re.Pattern[str], max_length: int, what: str
+) -> None:
     if not isinstance(value, str):
         raise InvalidJobError(field, f"must be a string, got {type(value).__name__}")
     if not value:
@@ -28,7 +47,6 @@ def _name(field: str, value: Any, pattern: re.Pattern[str], max_length: int, wha
     # fullmatch: with match(), "$" also matches before a trailing newline.
     if not pattern.fullmatch(value):
         raise InvalidJobError(field, f"{value!r} is not a valid {what}; use {pattern.pattern}")
-    return value
 
 
 def job_type(value: Any, field: str = "job_type") -> str:

@@ -509,3 +509,20 @@ def test_enqueues_inside_transactions_always_notify_on_commit(other_connection, 
     payloads = {n.payload for n in other_connection.notifies(timeout=1, stop_after=2)}
 
     assert "in_tx" in payloads
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"delay": 30}, {"run_at": datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)}],
+)
+def test_the_returned_job_is_the_row_in_the_database(options):
+    job = enqueue("tests.noop", {"n": [1, 2], "s": "é\\n"}, priority=7, **options)
+    (many,) = enqueue_many([{"job_type": "tests.noop", "data": {"k": None}, **options}])
+
+    for returned in (job, many):
+        stored = Job.objects.get(pk=returned.pk)
+        for field in Job._meta.concrete_fields:
+            assert getattr(returned, field.attname) == getattr(stored, field.attname), field.name
+        assert returned._state.adding is False
+        assert returned._state.db == "default"

@@ -22,6 +22,8 @@ from django_pgqueue import enqueue
 from django_pgqueue.models import Job
 from django_pgqueue.recovery import recover_stale_jobs
 from django_pgqueue.worker import queries
+from django_pgqueue.worker.execution import Outcome
+from django_pgqueue.worker.runner import _finish_params
 
 pytestmark = pytest.mark.django_db
 
@@ -63,16 +65,14 @@ class JobStateMachine(RuleBasedStateMachine):
         with connection.cursor() as cursor:
             cursor.execute(
                 queries.FINISH,
-                [
-                    [o[0] for o in outcomes],
-                    [o[1] for o in outcomes],
-                    [0.0] * len(outcomes),
-                    [o[2] for o in outcomes],
-                    ["boom"] * len(outcomes),
-                    [None] * len(outcomes),
-                    [None] * len(outcomes),
+                # The worker's own parameter builder, so this stays the worker's statement.
+                _finish_params(
+                    [
+                        Outcome(job_id, status, refund=refund, error="boom")
+                        for job_id, status, refund in outcomes
+                    ],
                     worker,
-                ],
+                ),
             )
 
     @rule(count=st.integers(1, 4), max_attempts=st.integers(1, 3))
