@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
-from typing import Any, ClassVar
+import operator
+from typing import Any, ClassVar, Protocol
 
 from django.contrib.postgres.functions import RandomUUID
 from django.db import IntegrityError, connections, models, router, transaction
@@ -18,6 +18,12 @@ from django.utils.translation import gettext_lazy as _
 from . import conf
 from .exceptions import InvalidJobError, JobCancelled, PgQueueError
 from .indexes import GinIndex
+
+
+class _CancelSignal(Protocol):
+    """What the worker gives a running job to tell it cancellation was asked for."""
+
+    def is_set(self) -> bool: ...
 
 
 class JobStatus(models.TextChoices):
@@ -246,7 +252,7 @@ class Job(models.Model):
         ]
 
     # Set by the worker while it runs the job; see ``is_cancel_requested``.
-    _cancel_event: threading.Event | None = None
+    _cancel_event: _CancelSignal | None = None
 
     def __str__(self) -> str:
         return f"{self.job_type} [{self.status}] {self.id}"
@@ -349,12 +355,12 @@ class Job(models.Model):
         attnames = [f.attname for f in cls._meta.concrete_fields]
         if _runs_init_signals(cls) or not set(attnames) <= set(columns):
             return [cls.from_row(columns, row, using) for row in rows]
-        positions = [(columns.index(name), name) for name in attnames]
+        pick = operator.itemgetter(*[columns.index(name) for name in attnames])
         json_names = [name for name in ("data", "result", "worker_ids") if name in attnames]
         jobs = []
         for row in rows:
             job = cls.__new__(cls)
-            values = {name: row[position] for position, name in positions}
+            values = dict(zip(attnames, pick(row), strict=True))
             for name in json_names:
                 if isinstance(values[name], str):
                     values[name] = _json_field.from_db_value(values[name], None, None)

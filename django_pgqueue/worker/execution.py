@@ -40,14 +40,34 @@ class Outcome:
     started: float | None = None
 
 
-@dataclass(eq=False)
+class CancelFlag:
+    """Set once cancellation of a job was asked for; read by its handler.
+
+    A plain attribute rather than a ``threading.Event``: nothing waits on it, and an
+    Event (a Condition and a Lock) per job cost the worker's main loop measurably.
+    Setting and reading one attribute is atomic across threads.
+    """
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+
+@dataclass(eq=False, slots=True)
 class RunningJob:
     """A job held by this worker, shared between the main loop and the slot running it."""
 
     job: Job
     definition: JobDefinition | None
     deadline: float | None = None
-    cancel_event: threading.Event = field(default_factory=threading.Event)
+    cancel_event: CancelFlag = field(default_factory=CancelFlag)
     thread_id: int | None = None
     # Held while a timeout is injected and while the handler's thread lets go of the job:
     # an injected JobTimeout therefore always surfaces inside execute().
