@@ -126,7 +126,7 @@ SYSTEMS = [
         notes=(
             "`enqueue()` in autocommit (W1), `enqueue_many()` in chunks of 5,000 (W2), "
             "`manage.py pgqueue_worker --burst` through `call_command` (W3, W5, W6); "
-            "package defaults (batch size = concurrency, NOTIFY on).",
+            "package defaults (prefetch up to 100 jobs while jobs are fast, NOTIFY on).",
         ),
     ),
     SystemSpec(

@@ -244,9 +244,10 @@ class Job(models.Model):
                 condition=Q(attempts__gte=0), name="pgqueue_jobs_attempts_not_negative"
             ),
             # Enqueue relies on it (INSERT ... ON CONFLICT) for race-free unique jobs.
+            # Only rows with a key are in it: jobs without one cost it nothing.
             models.UniqueConstraint(
                 fields=["unique_key"],
-                condition=Q(status__in=["pending", "claimed", "running"]),
+                condition=Q(unique_key__isnull=False, status__in=["pending", "claimed", "running"]),
                 name="pgqueue_jobs_unique_key_active",
             ),
         ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import time
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -526,3 +527,14 @@ def test_the_returned_job_is_the_row_in_the_database(options):
             assert getattr(returned, field.attname) == getattr(stored, field.attname), field.name
         assert returned._state.adding is False
         assert returned._state.db == "default"
+
+
+@pytest.mark.django_db
+def test_job_ids_are_version_7_uuids_that_grow_with_time():
+    first = enqueue("tests.noop")
+    time.sleep(0.002)
+    later = enqueue_many([{"job_type": "tests.noop"}])[0]
+
+    assert first.id.version == 7
+    assert later.id.version == 7
+    assert later.id > first.id

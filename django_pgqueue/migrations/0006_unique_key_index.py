@@ -16,7 +16,8 @@ class Migration(migrations.Migration):
                     sql=(
                         "CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS pgqueue_jobs_unique_key_active "
                         "ON pgqueue_jobs (unique_key) "
-                        "WHERE status IN ('pending', 'claimed', 'running');"
+                        "WHERE unique_key IS NOT NULL "
+                        "AND status IN ('pending', 'claimed', 'running');"
                     ),
                     reverse_sql="DROP INDEX CONCURRENTLY IF EXISTS pgqueue_jobs_unique_key_active;",
                 ),
@@ -25,7 +26,10 @@ class Migration(migrations.Migration):
                 migrations.AddConstraint(
                     model_name="job",
                     constraint=models.UniqueConstraint(
-                        condition=models.Q(("status__in", ["pending", "claimed", "running"])),
+                        condition=models.Q(
+                            ("status__in", ["pending", "claimed", "running"]),
+                            ("unique_key__isnull", False),
+                        ),
                         fields=("unique_key",),
                         name="pgqueue_jobs_unique_key_active",
                     ),
