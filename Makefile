@@ -8,6 +8,7 @@
 #   make lint    ruff check and ruff format --check
 #   make docs    build the documentation (mkdocs --strict)
 #   make bench   benchmark against the peers and pgbench (~20 min; BENCH_ARGS=--quick)
+#   make bench-steady  long run of drains with and without pruning (BENCH_ARGS=--quick)
 #
 # Set DATABASE_URL to use your own PostgreSQL instead of a throwaway one.
 
@@ -29,7 +30,7 @@ BIN6 := $(abspath $(VENV6))/bin
 WITH_POSTGRES := PATH="$(BIN):$$PATH" $(PY) scripts/with_postgres.py --
 
 .DEFAULT_GOAL := help
-.PHONY: help demo serve test test-django6 lint docs bench clean
+.PHONY: help demo serve test test-django6 lint docs bench bench-steady clean
 
 help:
 	@sed -n 's/^#   //p' $(MAKEFILE_LIST)
@@ -80,6 +81,11 @@ docs: $(VENV)/.installed-docs
 # BENCH_ARGS="--database-url URL" to use another server. Results go to bench/results/.
 bench: $(VENV)/.installed-bench
 	$(PY) bench/run.py $(BENCH_ARGS)
+
+# The same server and settings; rounds of W3 on one long-running worker, with
+# PGQUEUE["RETENTION"] and without. Results go to bench/results/steady.*.
+bench-steady: $(VENV)/.installed-bench
+	$(PY) bench/steady.py $(BENCH_ARGS)
 
 clean:
 	rm -rf build dist site .pytest_cache .ruff_cache example_project/media

@@ -2,11 +2,13 @@
 
 The benchmark is not part of the test suite; this runs it at its smallest
 (``--smoke``: a few hundred jobs, one run, no peers, no chart) against the test run's
-server, so that a change to the package or to bench/ cannot leave it broken unnoticed.
+server, so that a change to the package or to bench/ cannot leave it broken unnoticed;
+the same for the long-run pruning benchmark (bench/steady.py: 2 rounds of 200 jobs).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -57,3 +59,39 @@ def test_bench_smoke_run_measures_every_workload(tmp_path: Path) -> None:
     assert len(verdicts) == 7, result.stdout[-2000:]
     assert (tmp_path / "results.json").exists()
     assert not (tmp_path / "chart.png").exists()
+
+
+def test_bench_steady_smoke_run_measures_both_modes(tmp_path: Path) -> None:
+    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "bench/steady.py",
+            "--smoke",
+            "--database-url",
+            os.environ["DATABASE_URL"],
+            "--results-dir",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    data = json.loads((tmp_path / "steady.json").read_text())
+    retention, kept = data["modes"]
+    assert retention["settings"]["RETENTION"] and "RETENTION" not in kept["settings"]
+    for mode in (retention, kept):
+        assert mode["error"] is None and mode["worker_exit"] == 0, mode
+        assert [r["round"] for r in mode["rounds"]] == [1, 2], mode
+        assert all(r["rate"] > 0 and r["bytes"] > 0 for r in mode["rounds"]), mode
+    # The worker got the settings: it pruned round 1's jobs during the pause.
+    assert kept["rounds"][-1]["rows"] == 400
+    assert retention["rounds"][-1]["rows"] < 400
+    report = (tmp_path / "steady.md").read_text()
+    assert report.count("| Round |") == 2, report
+    assert "last/first" in result.stdout
+    assert not (tmp_path / "steady.png").exists()

@@ -15,7 +15,7 @@ from django_pgqueue import enqueue
 
 SQL_DIR = resources.files("django_pgqueue").joinpath("sql")
 FUNCTIONS = [
-    "claim_job_batch(text, text[], integer, text[])",
+    "claim_job_batch(text, text[], integer, text[], boolean)",
     "recover_stale_jobs(interval)",
 ]
 INDEXES = [

@@ -18,7 +18,7 @@ MODULE = "bench.systems.harness_pgqueue"
 TABLE = "pgqueue_jobs"
 
 
-def _setup_django(dsn: str) -> None:
+def setup_django(dsn: str) -> None:
     os.environ["BENCH_DATABASE_URL"] = dsn
     os.environ["DJANGO_SETTINGS_MODULE"] = "bench.django_settings"
     import django
@@ -42,7 +42,7 @@ def _truncate() -> None:
     _execute(f"TRUNCATE {TABLE} CASCADE")
 
 
-def _enqueue_bulk(job_type: str, jobs: int, chunk: int) -> None:
+def enqueue_bulk(job_type: str, jobs: int, chunk: int) -> None:
     from django_pgqueue import enqueue_many
 
     for start in range(0, jobs, chunk):
@@ -71,7 +71,7 @@ def enqueue_single(args: Any) -> dict[str, Any]:
 def enqueue_bulk(args: Any) -> dict[str, Any]:
     _truncate()
     began = time.perf_counter()
-    _enqueue_bulk("bench.noop", args.jobs, args.chunk)
+    enqueue_bulk("bench.noop", args.jobs, args.chunk)
     return common.rate(args.jobs, time.perf_counter() - began)
 
 
@@ -100,7 +100,7 @@ def drain(args: Any) -> dict[str, Any]:
     if not args.keep:
         _truncate()
     job_type = "bench.noop" if args.kind == "noop" else "bench.cpu_flaky"
-    _enqueue_bulk(job_type, args.jobs, 5000)
+    enqueue_bulk(job_type, args.jobs, 5000)
     _execute(f"ANALYZE {TABLE}")  # statistics as autovacuum would leave them
     before = _completed()
     from django.db import connection
@@ -176,7 +176,7 @@ COMMANDS = {
 
 
 def main() -> None:
-    common.harness_main(__doc__.splitlines()[0], COMMANDS, worker, setup=_setup_django)
+    common.harness_main(__doc__.splitlines()[0], COMMANDS, worker, setup=setup_django)
 
 
 if __name__ == "__main__":

@@ -72,10 +72,10 @@ class Migration(migrations.Migration):
             field=models.CharField(blank=True, max_length=255, null=True),
         ),
         migrations.RunSQL(
+            # Version 2 adds an argument (p_start): the file drops version 1 first.
             sql=read_sql("claim_job_batch_v2.sql"),
-            # Version 1 is CREATE FUNCTION, not CREATE OR REPLACE: drop version 2 first.
             reverse_sql=[
-                "DROP FUNCTION claim_job_batch(text, text[], integer, text[]);",
+                "DROP FUNCTION claim_job_batch(text, text[], integer, text[], boolean);",
                 read_sql("claim_job_batch_v1.sql"),
             ],
         ),

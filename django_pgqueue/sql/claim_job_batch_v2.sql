@@ -15,12 +15,21 @@
 -- until this transaction commits, then sees its claims. Candidates beyond the room left
 -- stay pending. Only claims of limited jobs are serialised, and only per limit.
 --
+-- p_start (new in version 2, default false): claim straight into 'running', with
+-- started_at set, for a caller that hands the jobs to running handlers in the same
+-- transaction (the worker does): one update per job instead of a claim and a start.
+--
 -- Settings: see version 1 for why plan_cache_mode and enable_sort are pinned.
-CREATE OR REPLACE FUNCTION claim_job_batch(
+--
+-- A new argument is a new signature: version 1 is dropped, not replaced.
+DROP FUNCTION claim_job_batch(text, text[], integer, text[]);
+
+CREATE FUNCTION claim_job_batch(
     p_worker_id text,
     p_job_types text[],
     p_batch_size integer DEFAULT 10,
-    p_queues text[] DEFAULT NULL
+    p_queues text[] DEFAULT NULL,
+    p_start boolean DEFAULT false
 ) RETURNS SETOF pgqueue_jobs
 LANGUAGE plpgsql
 SET plan_cache_mode = force_custom_plan
@@ -63,9 +72,10 @@ BEGIN
              FOR UPDATE SKIP LOCKED
         )
         UPDATE pgqueue_jobs AS jobs
-           SET status = 'claimed',
+           SET status = CASE WHEN p_start THEN 'running' ELSE 'claimed' END,
                worker_id = p_worker_id,
                claimed_at = now(),
+               started_at = CASE WHEN p_start THEN now() ELSE jobs.started_at END,
                heartbeat_at = now(),
                attempts = jobs.attempts + 1,
                worker_ids = jobs.worker_ids || to_jsonb(p_worker_id)
@@ -142,9 +152,10 @@ BEGIN
 
         RETURN QUERY
         UPDATE pgqueue_jobs AS jobs
-           SET status = 'claimed',
+           SET status = CASE WHEN p_start THEN 'running' ELSE 'claimed' END,
                worker_id = p_worker_id,
                claimed_at = now(),
+               started_at = CASE WHEN p_start THEN now() ELSE jobs.started_at END,
                heartbeat_at = now(),
                attempts = jobs.attempts + 1,
                worker_ids = jobs.worker_ids || to_jsonb(p_worker_id)

@@ -3,17 +3,10 @@ worker can only change jobs it still holds (recovery may have taken a job back).
 
 from __future__ import annotations
 
-CLAIM = "SELECT * FROM claim_job_batch(%s, %s, %s, %s)"
-
-# Sent right after CLAIM in the same pipeline, so it needs no ids: every job this worker
-# holds in the claimed state is handed to its slots now (a slot starts it at once or,
-# with prefetch, as soon as one is free; FINISH then records the actual start time).
-MARK_RUNNING = """
-UPDATE pgqueue_jobs
-   SET status = 'running', started_at = now(), heartbeat_at = now()
- WHERE worker_id = %s AND status = 'claimed'
-RETURNING id, started_at, cancel_requested_at IS NOT NULL
-"""
+# Straight into 'running' (p_start): the jobs go to the slots in this transaction, a
+# free slot starting each at once or, prefetched, as soon as one frees up; FINISH then
+# records when each handler actually started.
+CLAIM = "SELECT * FROM claim_job_batch(%s, %s, %s, %s, true)"
 
 # One statement finishes a whole batch of outcomes: completions, retries, failures and
 # cancellations alike. A job retried goes back to pending with no worker; a finished

@@ -341,7 +341,7 @@ class Worker:
         """Record pending outcomes, claim into free slots (and the prefetch buffer) and
         hand what was claimed to the slots.
 
-        The three statements go to the server as one pipeline: one network round trip
+        The statements go to the server as one pipeline: one network round trip
         and one transaction, so a failure leaves nothing half done.
         """
         room = self._room()
@@ -353,49 +353,42 @@ class Worker:
         if asked:
             self._last_claim_at = time.monotonic()
         conn = self._db()
-        finish = claim = start = None
+        finish = claim = None
         with conn.pipeline():
             if outcomes:
                 finish = conn.cursor()
                 finish.execute(queries.FINISH, _finish_params(outcomes, self.worker_id))
             if asked:
                 # Binary results: psycopg's C loaders decode the timestamps and UUIDs
-                # of a whole batch far faster than text parsing in Python.
-                # (A plain server-binding Cursor: Django's settings may make the
-                # connection's default a ClientCursor, which cannot return binary.)
+                # of a whole batch far faster than text parsing in Python. A plain
+                # server-binding Cursor (Django's settings may make the connection's
+                # default a ClientCursor, which cannot return binary), never prepared:
+                # a transaction pooler such as PgBouncer may sit in between.
                 claim = psycopg.Cursor(conn)
                 claim.execute(
                     queries.CLAIM,
                     [self.worker_id, self.job_types, asked, self.queues],
                     binary=True,
+                    prepare=False,
                 )
-                start = psycopg.Cursor(conn)
-                start.execute(queries.MARK_RUNNING, [self.worker_id], binary=True)
         self.round_trips += 1
         if finish is not None:
             self._record_finished(outcomes, {row[0] for row in finish.fetchall()})
-        if claim is None or start is None:
+        if claim is None:
             return [], asked
         assert claim.description is not None
         columns = [column.name for column in claim.description]
         jobs = Job.from_rows(columns, claim.fetchall(), self.using)
         jobs.sort(key=lambda job: (-job.priority, job.created_at))
-        started = {row[0]: (row[1], row[2]) for row in start.fetchall()}
         assert slots is not None
-        self._start(jobs, started, slots)
+        self._start(jobs, slots)
         return jobs, asked
 
-    def _start(
-        self, jobs: list[Job], started: dict[Any, tuple[Any, bool]], slots: SlotPool
-    ) -> None:
+    def _start(self, jobs: list[Job], slots: SlotPool) -> None:
         for job in jobs:
-            if job.id not in started:
-                continue  # taken back by recovery between claim and start
-            job.status = "running"
-            job.started_at, cancel_requested = started[job.id]
             definition = registry.find_definition(job.job_type)
             running = RunningJob(job=job, definition=definition)
-            if cancel_requested:
+            if job.cancel_requested_at is not None:
                 self._outcomes.append(
                     Outcome(job.id, "cancelled", error="cancelled before it started")
                 )

@@ -83,15 +83,22 @@ class JobStateMachine(RuleBasedStateMachine):
 
     @rule(worker=WORKERS, batch=st.integers(1, 5), start=st.booleans())
     def claim(self, worker: str, batch: int, start: bool) -> None:
+        """Claim as the worker does (straight into running), or as an SQL caller that
+        starts its jobs later (claimed)."""
         with connection.cursor() as cursor:
-            cursor.execute(queries.CLAIM, [worker, None, batch, None])
             if start:
-                cursor.execute(queries.MARK_RUNNING, [worker])
+                cursor.execute(queries.CLAIM, [worker, None, batch, None])
+            else:
+                cursor.execute("SELECT * FROM claim_job_batch(%s, NULL, %s)", [worker, batch])
 
     @rule(worker=WORKERS)
     def start(self, worker: str) -> None:
         with connection.cursor() as cursor:
-            cursor.execute(queries.MARK_RUNNING, [worker])
+            cursor.execute(
+                "UPDATE pgqueue_jobs SET status = 'running', started_at = now() "
+                "WHERE worker_id = %s AND status = 'claimed'",
+                [worker],
+            )
 
     @rule(worker=WORKERS, outcome=st.sampled_from(["completed", "error", "cancelled"]))
     def finish(self, worker: str, outcome: str) -> None:
