@@ -119,7 +119,7 @@ def drain_round(jobs: int, worker: subprocess.Popen[str]) -> dict[str, Any]:
     # One transaction (of chunks of 5,000): the worker sees the whole round at once, so
     # the drain has a clear start, the commit.
     with transaction.atomic():
-        harness_pgqueue.enqueue_bulk("bench.noop", jobs, CHUNK)
+        harness_pgqueue.enqueue_in_chunks("bench.noop", jobs, CHUNK)
     (start,) = _query("SELECT extract(epoch FROM clock_timestamp())")
     deadline = time.monotonic() + ROUND_TIMEOUT
     while _query(_ACTIVE)[0]:

@@ -42,7 +42,7 @@ def _truncate() -> None:
     _execute(f"TRUNCATE {TABLE} CASCADE")
 
 
-def enqueue_bulk(job_type: str, jobs: int, chunk: int) -> None:
+def enqueue_in_chunks(job_type: str, jobs: int, chunk: int) -> None:
     from django_pgqueue import enqueue_many
 
     for start in range(0, jobs, chunk):
@@ -71,7 +71,7 @@ def enqueue_single(args: Any) -> dict[str, Any]:
 def enqueue_bulk(args: Any) -> dict[str, Any]:
     _truncate()
     began = time.perf_counter()
-    enqueue_bulk("bench.noop", args.jobs, args.chunk)
+    enqueue_in_chunks("bench.noop", args.jobs, args.chunk)
     return common.rate(args.jobs, time.perf_counter() - began)
 
 
@@ -100,7 +100,7 @@ def drain(args: Any) -> dict[str, Any]:
     if not args.keep:
         _truncate()
     job_type = "bench.noop" if args.kind == "noop" else "bench.cpu_flaky"
-    enqueue_bulk(job_type, args.jobs, 5000)
+    enqueue_in_chunks(job_type, args.jobs, 5000)
     _execute(f"ANALYZE {TABLE}")  # statistics as autovacuum would leave them
     before = _completed()
     from django.db import connection
