@@ -18,19 +18,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_bench_smoke_run_measures_every_workload(tmp_path: Path) -> None:
+def run_smoke(script: str, results_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``bench/<script> --smoke`` on the test run's server, results in ``results_dir``."""
     env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
-    result = subprocess.run(
+    return subprocess.run(
         [
             sys.executable,
-            "bench/run.py",
+            f"bench/{script}",
             "--smoke",
-            "--systems",
-            "pgqueue",
+            *args,
             "--database-url",
             os.environ["DATABASE_URL"],
             "--results-dir",
-            str(tmp_path),
+            str(results_dir),
         ],
         cwd=ROOT,
         env=env,
@@ -38,6 +38,10 @@ def test_bench_smoke_run_measures_every_workload(tmp_path: Path) -> None:
         text=True,
         timeout=120,
     )
+
+
+def test_bench_smoke_run_measures_every_workload(tmp_path: Path) -> None:
+    result = run_smoke("run.py", tmp_path, "--systems", "pgqueue")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "FAILED" not in result.stderr, result.stderr[-3000:]
 
@@ -62,23 +66,7 @@ def test_bench_smoke_run_measures_every_workload(tmp_path: Path) -> None:
 
 
 def test_bench_steady_smoke_run_measures_both_modes(tmp_path: Path) -> None:
-    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "bench/steady.py",
-            "--smoke",
-            "--database-url",
-            os.environ["DATABASE_URL"],
-            "--results-dir",
-            str(tmp_path),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_smoke("steady.py", tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
 
     data = json.loads((tmp_path / "steady.json").read_text())
