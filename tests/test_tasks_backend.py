@@ -108,7 +108,7 @@ def test_tasks_and_jobs_share_one_priority_order():
     task_job = test_tasks.noop.enqueue()  # priority 0 -> 100
     above = enqueue("tests.noop", priority=101)
     run_due()
-    order = list(Job.objects.order_by("claimed_at").values_list("id", flat=True))
+    order = list(Job.objects.order_by("started_at").values_list("id", flat=True))
     assert [str(job_id) for job_id in order] == [str(above.id), task_job.id, str(below.id)]
 
 
