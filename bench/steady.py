@@ -79,7 +79,7 @@ class Plan:
         ]
 
 
-FULL = Plan("full", rounds=15, jobs=20_000, pause=0.0, retention=5.0)
+FULL = Plan("full", rounds=30, jobs=20_000, pause=0.0, retention=5.0)
 QUICK = Plan("quick", rounds=6, jobs=5_000, pause=0.0, retention=5.0)
 # Rounds this small end long before a default heartbeat (10 s): beats every 0.5 s and a
 # pause between rounds let pruning act, so that the smoke run covers it too.
@@ -422,7 +422,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="2 rounds of 200 jobs, short heartbeats, no chart (what the test suite runs)",
     )
-    parser.add_argument("--rounds", type=int, default=None, help="rounds per mode (default: 15)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds per mode (default: 30)")
     parser.add_argument("--jobs", type=int, default=None, help="jobs per round (default: 20,000)")
     parser.add_argument(
         "--database-url",
