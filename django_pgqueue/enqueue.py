@@ -146,7 +146,7 @@ _NOTIFY = """, notified AS (
 _NOTIFY_JOIN = " CROSS JOIN notified"
 
 
-def new_job_id() -> uuid.UUID:
+def _new_job_id() -> uuid.UUID:
     """A UUID version 7 (RFC 9562): milliseconds since the epoch, then 74 random bits.
 
     Ids that grow with time land at the right-hand end of the primary key's B-tree
@@ -233,7 +233,7 @@ def _prepare(
     if run_at is not None and delay is not None:
         raise InvalidJobError(f"{prefix}run_at", "give run_at or delay, not both")
     row = _Row(
-        id=new_job_id(),
+        id=_new_job_id(),
         job_type=name,
         queue=validation.queue(queue, f"{prefix}queue"),
         priority=validation.priority(priority, f"{prefix}priority"),

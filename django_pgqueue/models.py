@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import operator
 from typing import Any, ClassVar, Protocol
@@ -333,17 +332,7 @@ class Job(models.Model):
         full = [{**_NEW_ROW_DEFAULTS, "worker_ids": [], **values} for values in rows]
         if not full:
             return []
-        if _runs_init_signals(cls) or full[0].keys() != _attnames(cls):
-            return [cls.from_row(list(row), tuple(row.values()), using) for row in full]
-        jobs = []
-        for row in full:
-            job = cls.__new__(cls)
-            job.__dict__.update(row)
-            state = job._state = ModelState()
-            state.adding = False
-            state.db = using
-            jobs.append(job)
-        return jobs
+        return cls.from_rows(list(full[0]), [tuple(row.values()) for row in full], using)
 
     @classmethod
     def from_rows(cls, columns: list[str], rows: list[tuple[Any, ...]], using: str) -> list[Job]:
@@ -395,11 +384,6 @@ _NEW_ROW_DEFAULTS: dict[str, Any] = {
 
 def _runs_init_signals(model: type[models.Model]) -> bool:
     return pre_init.has_listeners(model) or post_init.has_listeners(model)
-
-
-@functools.cache
-def _attnames(model: type[models.Model]) -> frozenset[str]:
-    return frozenset(f.attname for f in model._meta.concrete_fields)
 
 
 _json_field = models.JSONField()

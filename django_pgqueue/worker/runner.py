@@ -120,7 +120,6 @@ class Worker:
         self._conn: psycopg.Connection[Any] | None = None
         self._listener: NotificationListener | None = None
         self._last_claim_at = 0.0
-        self._slots: SlotPool | None = None
         #: Moving average of handler run times (None until a job ran).
         self._average_duration: float | None = None
 
@@ -188,12 +187,12 @@ class Worker:
         previous_handlers = self._install_signal_handlers()
         self._register()
         self._sync_limits()
-        slots = self._slots = SlotPool(self.concurrency, self.using, self._on_job_done)
+        slots = SlotPool(self.concurrency, self.using, self._on_job_done)
         threads = self._start_threads()
         try:
             self._loop(slots)
         finally:
-            self._drain_and_release()
+            self._drain_and_release(slots)
             self._mark_stopped()
             slots.stop()
             self._threads_stopping.set()
@@ -386,14 +385,13 @@ class Worker:
 
     def _start(self, jobs: list[Job], slots: SlotPool) -> None:
         for job in jobs:
-            definition = registry.find_definition(job.job_type)
-            running = RunningJob(job=job, definition=definition)
             if job.cancel_requested_at is not None:
                 self._outcomes.append(
                     Outcome(job.id, "cancelled", error="cancelled before it started")
                 )
                 continue
             # The slot sets the deadline when it starts the handler (execution.execute).
+            running = RunningJob(job=job, definition=registry.find_definition(job.job_type))
             self._running[job.id] = running
             slots.submit(running)
 
@@ -454,14 +452,13 @@ class Worker:
 
     # -- shutdown -----------------------------------------------------------------------
 
-    def _drain_and_release(self) -> None:
+    def _drain_and_release(self, slots: SlotPool) -> None:
         """Release the jobs no slot started yet, let running jobs finish within the grace
         period, then release the rest."""
-        if self._slots is not None:
-            for running in self._slots.take_unstarted():
-                self._running.pop(running.job.id, None)
-                self._outcomes.append(Outcome(running.job.id, "pending", refund=1))
-            self._reap()
+        for running in slots.take_unstarted():
+            self._running.pop(running.job.id, None)
+            self._outcomes.append(Outcome(running.job.id, "pending", refund=1))
+        self._reap()
         deadline = time.monotonic() + self.shutdown_grace
         if self._running:
             logger.info(
