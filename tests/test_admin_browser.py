@@ -27,6 +27,7 @@ from django.utils import timezone
 from django_pgqueue import enqueue
 from django_pgqueue.models import Job, WorkerRecord
 
+from .availability import unavailable
 from .workers import ROOT, wait_for, worker_thread
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -44,12 +45,6 @@ PASSWORD = "correct horse battery staple"
 TIMEOUT_MS = 15_000
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-
-
-def unavailable(reason: str) -> None:
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(f"{reason}: under CI the browser tests must run", pytrace=False)
-    pytest.skip(reason)
 
 
 @pytest.fixture(scope="module")

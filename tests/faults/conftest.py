@@ -24,6 +24,7 @@ import psycopg
 import pytest
 
 from scripts.with_postgres import SystemCluster
+from tests.availability import unavailable
 from tests.workers import ROOT
 
 from .pgbouncer import PgBouncer
@@ -88,7 +89,7 @@ class MigratedCluster:
 def dedicated_cluster() -> Iterator[MigratedCluster]:
     """A PostgreSQL of the system binaries that tests may restart, never the shared one."""
     if not glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"):
-        pytest.skip("no system PostgreSQL (apt-get install postgresql)")
+        unavailable("no system PostgreSQL (apt-get install postgresql)")
     # Durable commits: an immediate restart must not forget a commit already reported
     # (synchronous_commit=off, the suite's tuning, would: the WAL is not yet written).
     cluster = SystemCluster(["fsync=off", "full_page_writes=off", "synchronous_commit=on"])
@@ -124,7 +125,7 @@ def cluster(dedicated_cluster: MigratedCluster) -> MigratedCluster:
 def pgbouncer(cluster: MigratedCluster) -> Iterator[PgBouncer]:
     """A PgBouncer in transaction pooling mode in front of ``cluster``."""
     if not shutil.which("pgbouncer") and not os.path.exists("/usr/sbin/pgbouncer"):
-        pytest.skip("pgbouncer is not installed (apt-get install pgbouncer)")
+        unavailable("pgbouncer is not installed (apt-get install pgbouncer)")
     bouncer = PgBouncer(host="127.0.0.1", port=cluster.cluster.port, pool_mode="transaction")
     bouncer.start()
     try:
