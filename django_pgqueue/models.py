@@ -329,10 +329,25 @@ class Job(models.Model):
     def from_new_rows(cls, rows: list[dict[str, Any]], using: str) -> list[Job]:
         """The ``Job``s just inserted with these values, every other field at its default
         (``enqueue``: no need to read the rows back)."""
-        full = [{**_NEW_ROW_DEFAULTS, "worker_ids": [], **values} for values in rows]
-        if not full:
+        if not rows:
             return []
-        return cls.from_rows(list(full[0]), [tuple(row.values()) for row in full], using)
+        attnames = {f.attname for f in cls._meta.concrete_fields}
+        covered = {*_NEW_ROW_DEFAULTS, "worker_ids", *rows[0]}
+        if _runs_init_signals(cls) or not attnames <= covered:
+            full = [{**_NEW_ROW_DEFAULTS, "worker_ids": [], **values} for values in rows]
+            return cls.from_rows(list(full[0]), [tuple(row.values()) for row in full], using)
+        jobs = []
+        for values in rows:
+            job = cls.__new__(cls)
+            attributes = job.__dict__
+            attributes.update(_NEW_ROW_DEFAULTS)
+            attributes["worker_ids"] = []
+            attributes.update(values)
+            state = job._state = ModelState()
+            state.adding = False
+            state.db = using
+            jobs.append(job)
+        return jobs
 
     @classmethod
     def from_rows(cls, columns: list[str], rows: list[tuple[Any, ...]], using: str) -> list[Job]:

@@ -16,6 +16,8 @@ _JOB_TYPE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/\-]*$")
 _QUEUE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]*$")
 # An escaped NUL in JSON text: "\u0000" preceded by an even number of backslashes.
 _JSON_NUL_RE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+# One encoder for every payload: json.dumps builds a new one per call when given options.
+_PAYLOAD_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 #: Names that passed ``_name`` already, by pattern: a job type or queue is validated once,
@@ -138,7 +140,7 @@ def payload(value: Any, field: str = "data") -> str:
     if not isinstance(value, dict):
         raise InvalidJobError(field, f"must be a dict (a JSON object), got {type(value).__name__}")
     try:
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = _PAYLOAD_ENCODER.encode(value)
     except (TypeError, ValueError) as exc:
         raise InvalidJobError(
             field,

@@ -13,6 +13,7 @@ import pytest
 from django.db import connection, transaction
 
 from django_pgqueue import InvalidJobError, PgQueueError, enqueue, enqueue_many, job
+from django_pgqueue.enqueue import COPY_PART_ROWS, MAX_DELAY_SECONDS
 from django_pgqueue.models import Job
 from tests.testapp.models import Order
 
@@ -234,14 +235,123 @@ def test_delay_schedules_the_job_that_long_after_now(delay, seconds):
 # -- enqueue_many -----------------------------------------------------------------------
 
 
-def test_enqueue_many_inserts_every_job_in_one_query(django_assert_num_queries):
-    specs = [{"job_type": "tests.record", "data": {"i": i}} for i in range(50)]
+def test_enqueue_many_runs_the_same_statements_whatever_the_batch_size(django_assert_num_queries):
+    small = [{"job_type": "tests.record", "data": {"i": i}} for i in range(50)]
+    large = [{"job_type": "tests.record", "data": {"i": i}} for i in range(2 * COPY_PART_ROWS + 1)]
 
-    with django_assert_num_queries(1):
-        jobs = enqueue_many(specs)
+    # The clock, one COPY of every row, the NOTIFY (always due inside a transaction).
+    with django_assert_num_queries(3):
+        jobs = enqueue_many(small)
+    # A batch streamed while it is validated: the same, inside a savepoint.
+    with django_assert_num_queries(5):
+        jobs += enqueue_many(large)
 
-    assert Job.objects.count() == 50
+    assert Job.objects.count() == len(small) + len(large)
     assert {job.pk for job in jobs} == set(Job.objects.values_list("pk", flat=True))
+
+
+def test_a_streamed_batch_keeps_input_order_and_stores_each_job_as_returned():
+    specs = [
+        {"job_type": "tests.record", "data": {"i": i}, "priority": i % 3}
+        for i in range(3 * COPY_PART_ROWS + 7)
+    ]
+
+    jobs = enqueue_many(specs)
+
+    assert [job.data["i"] for job in jobs] == list(range(len(specs)))
+    stored = {row.pk: row for row in Job.objects.all()}
+    assert len(stored) == len(specs)
+    for returned in jobs:
+        row = stored[returned.pk]
+        assert (row.data, row.priority, row.created_at, row.run_at) == (
+            returned.data,
+            returned.priority,
+            returned.created_at,
+            returned.run_at,
+        )
+    created = [job.created_at for job in jobs]
+    assert created == sorted(created)
+    assert len(set(created)) == len(created)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_bad_spec_late_in_a_streamed_batch_inserts_nothing(other_connection):
+    specs: list[dict[str, Any]] = [{"job_type": "tests.noop"} for _ in range(2 * COPY_PART_ROWS)]
+    specs.append({"job_type": "tests.noop", "priority": -1})
+
+    with pytest.raises(InvalidJobError) as excinfo:
+        enqueue_many(specs)
+
+    assert excinfo.value.field == f"specs[{2 * COPY_PART_ROWS}].priority"
+    assert committed_rows(other_connection, "SELECT count(*) FROM pgqueue_jobs") == [(0,)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_bad_spec_late_in_a_streamed_batch_leaves_the_callers_transaction_usable(
+    other_connection,
+):
+    specs: list[Any] = [{"job_type": "tests.noop"} for _ in range(COPY_PART_ROWS + 5)]
+    specs.append("not a mapping")
+
+    with transaction.atomic():
+        Order.objects.create(reference="B-1")
+        with pytest.raises(InvalidJobError):
+            enqueue_many(specs)
+        kept = enqueue("tests.record", {"order": "B-1"})
+
+    assert committed_rows(other_connection, "SELECT id FROM pgqueue_jobs") == [(kept.id,)]
+    assert committed_rows(other_connection, "SELECT reference FROM testapp_order") == [("B-1",)]
+
+
+def test_a_unique_key_late_in_a_streamed_batch_is_still_honoured():
+    held = enqueue("tests.noop", unique_key="report:7")
+    specs: list[dict[str, Any]] = [
+        {"job_type": "tests.noop", "data": {"i": i}} for i in range(COPY_PART_ROWS + 10)
+    ]
+    specs.append({"job_type": "tests.noop", "unique_key": "report:7"})
+    specs.append({"job_type": "tests.noop", "unique_key": "report:8"})
+
+    jobs = enqueue_many(specs)
+
+    assert jobs[-2].id == held.id
+    assert Job.objects.filter(unique_key="report:8").get().id == jobs[-1].id
+    assert Job.objects.count() == COPY_PART_ROWS + 10 + 2
+
+
+@pytest.mark.parametrize(
+    ("valid", "invalid"), [(1, True), (5, 5.0)], ids=["int-then-bool", "int-then-float"]
+)
+def test_enqueue_many_checks_each_spec_even_after_an_equal_valid_one(valid, invalid):
+    specs = [{"job_type": "tests.noop", "priority": valid}] * 3
+    specs.append({"job_type": "tests.noop", "priority": invalid})
+
+    with pytest.raises(InvalidJobError) as excinfo:
+        enqueue_many(specs)
+
+    assert excinfo.value.field == "specs[3].priority"
+    assert not Job.objects.exists()
+
+
+def test_a_delay_of_a_thousand_years_is_accepted():
+    (queued,) = enqueue_many([{"job_type": "tests.noop", "delay": MAX_DELAY_SECONDS}])
+
+    assert queued.run_at == db_now() + timedelta(seconds=MAX_DELAY_SECONDS)
+    assert Job.objects.get().run_at == queued.run_at
+
+
+def test_enqueue_many_stores_text_that_needs_escaping_verbatim():
+    data = {
+        "backslashes": "C:\\temp\\new \\N \\. \\\\",
+        "controls": "tab\tnewline\nreturn\rbell\x07",
+        "quotes": "'\"",
+        "unicode": "é 🎉 \u2028",
+        "sql": SQL_INJECTION,
+    }
+
+    (queued,) = enqueue_many([{"job_type": "tests.record", "data": data}])
+
+    assert queued.data == data
+    assert Job.objects.get(pk=queued.pk).data == data
 
 
 def test_enqueue_many_returns_jobs_in_input_order():
@@ -336,6 +446,8 @@ INVALID_ARGUMENTS = [
     pytest.param({"delay": float("inf")}, "delay", id="delay-infinite"),
     pytest.param({"delay": "10"}, "delay", id="delay-str"),
     pytest.param({"delay": True}, "delay", id="delay-bool"),
+    pytest.param({"delay": 1e12}, "delay", id="delay-past-year-9999"),
+    pytest.param({"delay": timedelta(days=999_999_999)}, "delay", id="delay-max-timedelta"),
     pytest.param({"max_attempts": 0}, "max_attempts", id="max_attempts-zero"),
     pytest.param({"max_attempts": -3}, "max_attempts", id="max_attempts-negative"),
     pytest.param({"max_attempts": 1001}, "max_attempts", id="max_attempts-too-high"),
