@@ -126,7 +126,11 @@ SYSTEMS = [
         notes=(
             "`enqueue()` in autocommit (W1), `enqueue_many()` in chunks of 5,000 (W2), "
             "`manage.py pgqueue_worker --burst` through `call_command` (W3, W5, W6); "
-            "package defaults (prefetch up to 100 jobs while jobs are fast, NOTIFY on).",
+            "package defaults (prefetch up to 100 jobs while jobs are fast, NOTIFY on). "
+            "W1 runs twice: with Django's default database options (no prepared "
+            "statements, client-side binding) and with prepared statements turned on in "
+            "`OPTIONS`, as psycopg has them for the bare INSERT; the W1 target compares "
+            "the latter.",
         ),
     ),
     SystemSpec(
@@ -476,6 +480,12 @@ class Bench:
                     lambda n, s=system: s.run(command, "--jobs", str(n)),
                 )
             if workload == "W1" and pgqueue:
+                self.throughput(
+                    ("pgqueue", "W1", "prepared"),
+                    run,
+                    nominal,
+                    lambda n, p=pgqueue: p.run("enqueue-single-prepared", "--jobs", str(n)),
+                )
                 self.throughput(
                     ("reference", "W1", "bare INSERT"),
                     run,

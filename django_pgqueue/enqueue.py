@@ -363,11 +363,10 @@ def _wants_notify(using: str, rows: list[_Row], *, record: bool = True) -> bool:
     if connections[using].in_atomic_block:
         # The commit time is unknown inside a transaction: always notify on commit.
         return True
-    due = {row.queue for row in rows if row.run_at is None and row.delay == 0}
-    if not due:
-        return True  # the statement notifies only for due jobs: nothing to coalesce
     now = time.monotonic()
-    keys = [(using, queue) for queue in due]
+    keys = {(using, row.queue) for row in rows if row.run_at is None and row.delay == 0}
+    if not keys:
+        return True  # the statement notifies only for due jobs: nothing to coalesce
     if all(now - _last_notified.get(key, -math.inf) < NOTIFY_COALESCE_SECONDS for key in keys):
         return False
     if record:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import operator
 from typing import Any, ClassVar, Protocol
@@ -331,9 +332,7 @@ class Job(models.Model):
         (``enqueue``: no need to read the rows back)."""
         if not rows:
             return []
-        attnames = {f.attname for f in cls._meta.concrete_fields}
-        covered = {*_NEW_ROW_DEFAULTS, "worker_ids", *rows[0]}
-        if _runs_init_signals(cls) or not attnames <= covered:
+        if _runs_init_signals(cls) or not _fields_new_rows_lack(cls) <= rows[0].keys():
             full = [{**_NEW_ROW_DEFAULTS, "worker_ids": [], **values} for values in rows]
             return cls.from_rows(list(full[0]), [tuple(row.values()) for row in full], using)
         jobs = []
@@ -395,6 +394,15 @@ _NEW_ROW_DEFAULTS: dict[str, Any] = {
     "last_traceback": "",
     "unique_key": None,
 }
+
+
+@functools.cache
+def _fields_new_rows_lack(model: type[models.Model]) -> frozenset[str]:
+    """The attributes of ``model`` that ``_NEW_ROW_DEFAULTS`` does not give."""
+    return frozenset(f.attname for f in model._meta.concrete_fields) - {
+        *_NEW_ROW_DEFAULTS,
+        "worker_ids",
+    }
 
 
 def _runs_init_signals(model: type[models.Model]) -> bool:

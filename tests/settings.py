@@ -23,6 +23,10 @@ ALLOWED_HOSTS = ["*"]
 
 DATABASES = {"default": env.db_url("DATABASE_URL")}
 DATABASES["default"]["TEST"] = {"NAME": env.str("PGQUEUE_TEST_DB_NAME", "test_pgqueue")}
+# Django's server-side binding with prepared statements (the benchmark's W1 "prepared"
+# run): CI runs the suite on the system PostgreSQL with them.
+if env.bool("PGQUEUE_TEST_PREPARED", default=False):
+    DATABASES["default"]["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 5}
 # Worker processes of tests/faults/ behind PgBouncer: a direct alias to LISTEN on.
 if "PGQUEUE_TEST_DIRECT_URL" in env:
     DATABASES["direct"] = env.db_url("PGQUEUE_TEST_DIRECT_URL")

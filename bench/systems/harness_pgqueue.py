@@ -2,7 +2,8 @@
 ``manage.py pgqueue_worker`` (through ``call_command``) with bench/django_settings.py.
 
 Also measures the references only this project has: ``baseline-insert``, a bare
-single-row INSERT transaction on the same table (the W1 reference).
+single-row INSERT transaction on the same table (the W1 reference), and
+``enqueue-single-prepared``, W1 with Django's prepared statements turned on.
 """
 
 from __future__ import annotations
@@ -66,6 +67,21 @@ def enqueue_single(args: Any) -> dict[str, Any]:
     for i in range(args.jobs):
         enqueue("bench.noop", {"i": i})  # autocommit: each its own transaction
     return common.rate(args.jobs, time.perf_counter() - began)
+
+
+#: Django's own switch for prepared statements (its default keeps them off, for poolers).
+PREPARED_OPTIONS = {"server_side_binding": True, "prepare_threshold": 5}
+
+
+def enqueue_single_prepared(args: Any) -> dict[str, Any]:
+    """W1 with prepared statements enabled in Django's ``OPTIONS`` (``PREPARED_OPTIONS``):
+    the driver settings of the bare INSERT reference, which psycopg prepares by default."""
+    from django.db import connection
+
+    connection.close()
+    options = connection.settings_dict["OPTIONS"]
+    connection.settings_dict["OPTIONS"] = {**options, **PREPARED_OPTIONS}
+    return enqueue_single(args)
 
 
 def enqueue_bulk(args: Any) -> dict[str, Any]:
@@ -167,6 +183,7 @@ def worker(args: Any) -> None:
 COMMANDS = {
     "setup": setup,
     "enqueue-single": enqueue_single,
+    "enqueue-single-prepared": enqueue_single_prepared,
     "enqueue-bulk": enqueue_bulk,
     "baseline-insert": baseline_insert,
     "drain": drain,
