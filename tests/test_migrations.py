@@ -79,6 +79,32 @@ def test_migrating_to_zero_and_back_removes_and_restores_the_schema():
         assert cursor.fetchone() == (1,)
 
 
+def jobs_table_options() -> dict[str, str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT reloptions FROM pg_class WHERE oid = 'pgqueue_jobs'::regclass")
+        (options,) = cursor.fetchone()
+    return dict(option.split("=", 1) for option in options or [])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_jobs_table_is_vacuumed_after_one_percent_of_dead_rows_and_back_to_defaults():
+    autovacuum = {
+        "autovacuum_vacuum_scale_factor": "0.01",
+        "autovacuum_vacuum_threshold": "1000",
+        "autovacuum_analyze_scale_factor": "0.02",
+        "autovacuum_analyze_threshold": "1000",
+    }
+    assert jobs_table_options() == autovacuum
+
+    call_command("migrate", "django_pgqueue", "0006", verbosity=0)
+    try:
+        assert jobs_table_options() == {}
+    finally:
+        call_command("migrate", "django_pgqueue", verbosity=0)
+
+    assert jobs_table_options() == autovacuum
+
+
 def test_every_sql_file_is_installed_by_exactly_one_migration():
     operations = pgqueue_run_sql()
     files = sorted(path for path in SQL_DIR.iterdir() if path.name.endswith(".sql"))
