@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib
 import time
 from datetime import UTC, date, datetime, timedelta
@@ -301,6 +302,25 @@ def test_a_bad_spec_late_in_a_streamed_batch_leaves_the_callers_transaction_usab
 
     assert committed_rows(other_connection, "SELECT id FROM pgqueue_jobs") == [(kept.id,)]
     assert committed_rows(other_connection, "SELECT reference FROM testapp_order") == [("B-1",)]
+
+
+def test_a_streamed_batch_leaves_the_garbage_collector_as_it_found_it():
+    specs: list[Any] = [{"job_type": "tests.noop"} for _ in range(COPY_PART_ROWS + 1)]
+    assert gc.isenabled()
+
+    enqueue_many(specs)
+    assert gc.isenabled()
+
+    with pytest.raises(InvalidJobError):
+        enqueue_many([*specs, {"job_type": "tests.noop", "priority": -1}])
+    assert gc.isenabled()
+
+    gc.disable()
+    try:
+        enqueue_many(specs)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_a_unique_key_late_in_a_streamed_batch_is_still_honoured():
