@@ -60,6 +60,7 @@ RECORDED_SETTINGS = [
     "checkpoint_timeout",
     "work_mem",
     "autovacuum",
+    "autovacuum_naptime",
 ]
 DB_PREFIX = "pgqueue_bench_"
 PGBENCH_SCRIPT = ROOT / "bench" / "pgbench" / "claim_complete.sql"
@@ -199,13 +200,36 @@ def _with_postgres() -> Any:
 
 
 @contextlib.contextmanager
-def postgres(database_url: str | None) -> Iterator[str]:
-    """Yield the URL of the server to benchmark on: the given one, or a durable one."""
+def postgres(database_url: str | None, extra_settings: Sequence[str] = ()) -> Iterator[str]:
+    """Yield the URL of the server to benchmark on: the given one, or a durable one
+    started with ``DURABLE_SETTINGS`` and then ``extra_settings`` (``name=value``)."""
     if database_url:
         yield database_url
         return
-    with _with_postgres().system_server(DURABLE_SETTINGS) as url:
+    with _with_postgres().system_server([*DURABLE_SETTINGS, *extra_settings]) as url:
         yield url
+
+
+def add_server_setting_argument(parser: argparse.ArgumentParser) -> None:
+    """``--server-setting NAME=VALUE`` (repeatable), for the server the benchmark starts."""
+    parser.add_argument(
+        "--server-setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        type=_server_setting,
+        help="a PostgreSQL setting for the server the benchmark starts, after the durable "
+        "ones (repeatable; e.g. autovacuum_naptime=10s); recorded in the results",
+    )
+
+
+def _server_setting(value: str) -> str:
+    name, sep, setting = value.partition("=")
+    if not sep or not re.fullmatch(r"[a-z_]+", name) or not setting:
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=VALUE, e.g. autovacuum_naptime=10s: {value!r}"
+        )
+    return value
 
 
 def _connect(url: str) -> Any:
@@ -654,6 +678,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help=f"comma-separated, from {','.join(ALL_NAMES)} (default: all; --smoke: pgqueue)",
     )
+    add_server_setting_argument(parser)
     parser.add_argument(
         "--database-url",
         default=None,
@@ -728,7 +753,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "commit": git_commit(),
             "server": "given by --database-url"
             if args.database_url
-            else "started by bench/run.py (system binaries)",
+            else "started by bench/run.py (system binaries"
+            + "".join(f", {setting}" for setting in args.server_setting)
+            + ")",
             "notes": [
                 "Drains are timed from the moment every worker process is set up and "
                 "ready (imports and start-up excluded) until the last job is recorded as "
@@ -753,7 +780,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     bench = Bench(results, sizes)
     log(f"benchmark: {results.meta['mode']} mode, systems {', '.join(names)}")
-    with postgres(args.database_url) as admin_url:
+    with postgres(args.database_url, args.server_setting) as admin_url:
         results.meta["settings"] = server_settings(admin_url)
         log(f"server: {admin_url} {results.meta['settings']}")
         prepare(bench, specs, admin_url, args)

@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from bench import common  # noqa: E402
 from bench.run import (  # noqa: E402
     HarnessError,
+    add_server_setting_argument,
     drop_database,
     fresh_database,
     git_commit,
@@ -430,6 +431,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="use this PostgreSQL server (a role that may create databases) instead of "
         "starting one",
     )
+    add_server_setting_argument(parser)
     parser.add_argument(
         "--results-dir",
         default=None,
@@ -470,11 +472,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "commit": git_commit(),
         "server": "given by --database-url"
         if args.database_url
-        else "started by bench/steady.py (system binaries, durable settings)",
+        else "started by bench/steady.py (system binaries, durable settings"
+        + "".join(f", {setting}" for setting in args.server_setting)
+        + ")",
         "notes": notes(plan),
     }
     log(f"long-run pruning benchmark: {plan}")
-    with postgres(args.database_url) as admin_url:
+    with postgres(args.database_url, args.server_setting) as admin_url:
         meta["settings"] = server_settings(admin_url)
         modes = measure(admin_url, plan, keep=args.keep_databases)
     elapsed = int(time.monotonic() - began)
