@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from typing import Any
 
 import pytest
 
@@ -15,8 +16,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 JOBS = 10_000
 WORKERS = 4
-KILL_EVERY = 2.0  # seconds
-MAX_KILLS = 12
+# A worker is killed each time about another tenth of the jobs has completed, up to 80 %:
+# tied to progress, not to the clock, so a fast machine cannot finish the drain between
+# two kills. The last fifth is left for recovery to finish.
+KILL_AT = [tenth / 10 for tenth in range(1, 9)]
+MIN_KILLS = 3
 DEADLINE = 60.0  # seconds for the whole drain, kills included
 
 
@@ -29,13 +33,11 @@ def test_killed_workers_lose_no_job_and_never_overlap_runs(other_connection, fig
     deadline = started + DEADLINE
     try:
         kills = 0
-        while kills < MAX_KILLS and time.monotonic() < deadline:
-            time.sleep(KILL_EVERY * rng.uniform(0.5, 1.5))
-            left = other_connection.execute(
-                "SELECT count(*) FROM pgqueue_jobs WHERE status <> 'completed'"
-            ).fetchone()
-            if left is not None and left[0] < JOBS // 10:
-                break  # keep the last stretch for recovery to finish
+        for fraction in KILL_AT:
+            # Somewhere in this tenth, at random: kills land on workers in every state.
+            threshold = (fraction + rng.uniform(-0.04, 0.04)) * JOBS
+            if not wait_for_completed(other_connection, threshold, deadline):
+                break
             fleet.kill_and_replace(rng.randrange(WORKERS))
             kills += 1
         wait_until_drained(other_connection, deadline, fleet)
@@ -60,4 +62,16 @@ def test_killed_workers_lose_no_job_and_never_overlap_runs(other_connection, fig
     # was written (its transaction had committed, the FINISH had not).
     assert {worker for _, worker in repeated} <= set(fleet.killed_ids), repeated
     assert result["duplicates"] == len(repeated)
-    assert kills >= 3, "the drain ended before enough workers were killed"
+    assert kills >= MIN_KILLS, f"only {kills} kills before the deadline"
+
+
+def wait_for_completed(conn: Any, count: float, deadline: float) -> bool:
+    """Wait until at least ``count`` jobs completed; False if the deadline came first."""
+    while time.monotonic() < deadline:
+        (completed,) = conn.execute(
+            "SELECT count(*) FROM pgqueue_jobs WHERE status = 'completed'"
+        ).fetchone()
+        if completed >= count:
+            return True
+        time.sleep(0.02)
+    return False
