@@ -188,6 +188,11 @@ class _Row(NamedTuple):
     # Last, so that the plain inserts take the fields before it.
     unique_key: str | None
 
+    @property
+    def due(self) -> bool:
+        """Due at once: neither a ``run_at`` nor a ``delay``."""
+        return self.run_at is None and not self.delay
+
 
 # The fields the plain inserts (_INSERT_ONE, _INSERT_MANY) take.
 _PLAIN = len(_Row._fields) - 1
@@ -356,8 +361,14 @@ NOTIFY_COALESCE_SECONDS = 0.005
 _last_notified: dict[tuple[str, str], float] = {}
 
 
-def _wants_notify(using: str, rows: list[_Row], *, record: bool = True) -> bool:
-    """Whether this insert should notify; records the notification when it will.
+def _due_queues(rows: Iterable[_Row]) -> set[str]:
+    """The queues of the ``rows`` due at once: the ones a NOTIFY is for."""
+    return {row.queue for row in rows if row.due}
+
+
+def _wants_notify(using: str, due: set[str], *, record: bool = True) -> bool:
+    """Whether an insert whose due jobs go to the ``due`` queues should notify; records
+    the notification when it will.
 
     ``record=False`` for unique inserts, which may insert nothing: they call
     ``_record_notified`` with what they did insert.
@@ -365,10 +376,10 @@ def _wants_notify(using: str, rows: list[_Row], *, record: bool = True) -> bool:
     if connections[using].in_atomic_block:
         # The commit time is unknown inside a transaction: always notify on commit.
         return True
-    now = time.monotonic()
-    keys = {(using, row.queue) for row in rows if row.run_at is None and row.delay == 0}
-    if not keys:
+    if not due:
         return True  # the statement notifies only for due jobs: nothing to coalesce
+    now = time.monotonic()
+    keys = [(using, queue) for queue in due]
     if all(now - _last_notified.get(key, -math.inf) < NOTIFY_COALESCE_SECONDS for key in keys):
         return False
     if record:
@@ -377,12 +388,13 @@ def _wants_notify(using: str, rows: list[_Row], *, record: bool = True) -> bool:
     return True
 
 
-def _record_notified(using: str, rows: list[_Row]) -> None:
-    """Note the NOTIFY an autocommit unique insert sent for the due ``rows`` it inserted."""
+def _record_notified(using: str, due: set[str]) -> None:
+    """Note the NOTIFY an autocommit unique insert sent for the ``due`` queues of the jobs
+    it inserted."""
     if connections[using].in_atomic_block:
         return
     now = time.monotonic()
-    for queue in {row.queue for row in rows if row.run_at is None and row.delay == 0}:
+    for queue in due:
         _last_notified[(using, queue)] = now
 
 
@@ -516,10 +528,10 @@ def _copy_rows(first: list[_Row], more: Iterator[_Row], using: str) -> list[Job]
             connection.queries_log.append(
                 {"sql": f"{_COPY} -- {len(rows)} rows", "time": f"{time.monotonic() - began:.3f}"}
             )
-        due = sorted({row.queue for row in rows if row.run_at is None and row.delay == 0})
+        due = _due_queues(rows)
         settings = conf.get_settings()
-        if due and settings.NOTIFY and _wants_notify(using, rows):
-            cursor.execute(_NOTIFY_QUEUES, [settings.NOTIFY_CHANNEL, due])
+        if due and settings.NOTIFY and _wants_notify(using, due):
+            cursor.execute(_NOTIFY_QUEUES, [settings.NOTIFY_CHANNEL, sorted(due)])
     return jobs
 
 
@@ -533,7 +545,7 @@ def _copy_line(row: _Row, times: tuple[datetime, datetime], now_text: str) -> st
     """
     created_at, run_at = times
     data = row.data.replace("\\", "\\\\")
-    run_text = now_text if row.run_at is None and not row.delay else run_at.isoformat()
+    run_text = now_text if row.due else run_at.isoformat()
     return (
         f"{row.id.int:032x}\t{row.job_type}\t{row.queue}\t{row.priority}\t{data}\t"
         f"{run_text}\t{row.max_attempts}\t{created_at.isoformat()}\n"
@@ -604,7 +616,7 @@ def enqueue(
     if row.unique_key is not None:
         return _enqueue_unique(row, on_duplicate, alias)
     params: list[Any] = list(row[:_PLAIN])
-    notify = _wants_notify(alias, [row]) and conf.get_settings().NOTIFY
+    notify = _wants_notify(alias, _due_queues([row])) and conf.get_settings().NOTIFY
     sql = _sql(_INSERT_ONE, params, True) if notify else _INSERT_ONE_QUIET
     with connections[alias].cursor() as cursor:
         cursor.execute(sql, params)
@@ -619,14 +631,14 @@ def _enqueue_unique(row: _Row, on_duplicate: OnDuplicate, alias: str) -> Job:
     assert row.unique_key is not None
     for _ in range(UNIQUE_ROUNDS):
         params: list[Any] = [*row, row.unique_key]
-        notify = _wants_notify(alias, [row], record=False)
+        notify = _wants_notify(alias, _due_queues([row]), record=False)
         jobs = _run(_sql(_INSERT_ONE_UNIQUE, params, notify), params, alias)
         if not jobs:
             continue  # the holder committed while the insert waited: look again
         job = jobs[0]
         if job.id == row.id:
             if notify:
-                _record_notified(alias, [row])
+                _record_notified(alias, _due_queues([row]))
             _send_enqueued([job])
             return job
         logger.debug("unique_key %r is held by job %s: not enqueued", row.unique_key, job.id)
@@ -745,7 +757,7 @@ def _insert_unique(rows: list[_Row], alias: str) -> tuple[dict[uuid.UUID, Job], 
     for _ in range(UNIQUE_ROUNDS):
         params: list[Any] = [list(column) for column in zip(*todo, strict=True)]
         params.append([row.unique_key for row in todo if row.unique_key is not None])
-        notify = _wants_notify(alias, todo, record=False)
+        notify = _wants_notify(alias, _due_queues(todo), record=False)
         sent = {row.id: row for row in todo}
         for job in _run(_sql(_INSERT_MANY_UNIQUE, params, notify), params, alias):
             if job.id in sent:
@@ -754,7 +766,7 @@ def _insert_unique(rows: list[_Row], alias: str) -> tuple[dict[uuid.UUID, Job], 
                 assert job.unique_key is not None
                 holders[job.unique_key] = job
         if notify:
-            _record_notified(alias, [row for row in todo if row.id in inserted])
+            _record_notified(alias, _due_queues(row for row in todo if row.id in inserted))
         # Left: keys whose holder committed while the insert waited for it.
         todo = [row for row in todo if row.id not in inserted and row.unique_key not in holders]
         if not todo:
