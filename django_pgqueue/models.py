@@ -335,18 +335,10 @@ class Job(models.Model):
         if _runs_init_signals(cls) or not _fields_new_rows_lack(cls) <= rows[0].keys():
             full = [{**_NEW_ROW_DEFAULTS, "worker_ids": [], **values} for values in rows]
             return cls.from_rows(list(full[0]), [tuple(row.values()) for row in full], using)
-        jobs = []
-        for values in rows:
-            job = cls.__new__(cls)
-            attributes = job.__dict__
-            attributes.update(_NEW_ROW_DEFAULTS)
-            attributes["worker_ids"] = []
-            attributes.update(values)
-            state = job._state = ModelState()
-            state.adding = False
-            state.db = using
-            jobs.append(job)
-        return jobs
+        return [
+            _loaded(cls, {**_NEW_ROW_DEFAULTS, "worker_ids": [], **values}, using)
+            for values in rows
+        ]
 
     @classmethod
     def from_rows(cls, columns: list[str], rows: list[tuple[Any, ...]], using: str) -> list[Job]:
@@ -363,16 +355,11 @@ class Job(models.Model):
         json_names = [name for name in ("data", "result", "worker_ids") if name in attnames]
         jobs = []
         for row in rows:
-            job = cls.__new__(cls)
             values = dict(zip(attnames, pick(row), strict=True))
             for name in json_names:
                 if isinstance(values[name], str):
                     values[name] = _json_field.from_db_value(values[name], None, None)
-            job.__dict__.update(values)
-            state = job._state = ModelState()
-            state.adding = False
-            state.db = using
-            jobs.append(job)
+            jobs.append(_loaded(cls, values, using))
         return jobs
 
 
@@ -394,6 +381,17 @@ _NEW_ROW_DEFAULTS: dict[str, Any] = {
     "last_traceback": "",
     "unique_key": None,
 }
+
+
+def _loaded(model: type[Job], attributes: dict[str, Any], using: str) -> Job:
+    """A ``model`` instance with these attributes, as loaded from ``using``, built
+    without ``Model.__init__`` (callers check that no init signal listens)."""
+    job = model.__new__(model)
+    job.__dict__.update(attributes)
+    state = job._state = ModelState()
+    state.adding = False
+    state.db = using
+    return job
 
 
 @functools.cache
