@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.systems.harness_pgqueue import PREPARED_OPTIONS
+
 
 @dataclass
 class Figure:
@@ -140,8 +142,8 @@ def best_variant(results: Results, system: str, workload: str = "W3") -> Figure 
     return max(candidates, key=lambda f: f.median or 0.0, default=None)
 
 
-#: How the W1 "prepared" run configures Django (bench/systems/harness_pgqueue.py).
-PREPARED_OPTIONS_TEXT = '"server_side_binding": True, "prepare_threshold": 5'
+#: How the W1 "prepared" run configures Django, as the report prints it.
+PREPARED_OPTIONS_TEXT = ", ".join(f'"{key}": {value!r}' for key, value in PREPARED_OPTIONS.items())
 
 
 def targets(results: Results, ours: str = "pgqueue") -> list[Target]:
