@@ -341,6 +341,13 @@ class Job(models.Model):
         ]
 
     @classmethod
+    def from_new_row(cls, values: dict[str, Any], using: str) -> Job:
+        """``from_new_rows`` for one row."""
+        if _runs_init_signals(cls) or not _fields_new_rows_lack(cls) <= values.keys():
+            return cls.from_new_rows([values], using)[0]
+        return _loaded(cls, {**_NEW_ROW_DEFAULTS, "worker_ids": [], **values}, using)
+
+    @classmethod
     def from_rows(cls, columns: list[str], rows: list[tuple[Any, ...]], using: str) -> list[Job]:
         """Build ``Job``s from raw rows a batch at a time (the worker's claim).
 
@@ -404,6 +411,8 @@ def _fields_new_rows_lack(model: type[models.Model]) -> frozenset[str]:
 
 
 def _runs_init_signals(model: type[models.Model]) -> bool:
+    if not pre_init.receivers and not post_init.receivers:
+        return False  # a list check, where has_listeners() looks the sender up in a cache
     return pre_init.has_listeners(model) or post_init.has_listeners(model)
 
 

@@ -22,12 +22,12 @@ _PAYLOAD_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, a
 
 #: Names that passed ``_name`` already, by pattern: a job type or queue is validated once,
 #: not on every enqueue. Bounded, so that unbounded distinct names cannot grow it forever.
-_VALID_NAMES: dict[str, set[str]] = {}
+_VALID_NAMES: dict[str, set[str]] = {_JOB_TYPE_RE.pattern: set(), _QUEUE_RE.pattern: set()}
 _VALID_NAMES_KEPT = 10_000
 
 
 def _name(field: str, value: Any, pattern: re.Pattern[str], max_length: int, what: str) -> str:
-    known = _VALID_NAMES.setdefault(pattern.pattern, set())
+    known = _VALID_NAMES[pattern.pattern]
     if type(value) is str and value in known:
         return value
     _check_name(field, value, pattern, max_length, what)
@@ -147,10 +147,11 @@ def payload(value: Any, field: str = "data") -> str:
             f"must be JSON-serialisable ({exc}); pass ids and plain values, "
             "not model instances or files",
         ) from None
-    if _JSON_NUL_RE.search(text):
+    if "\\u0000" in text and _JSON_NUL_RE.search(text):
         raise InvalidJobError(field, "must not contain NUL characters (PostgreSQL rejects them)")
     try:
-        size = len(text.encode())
+        # ASCII text (a flag on the str, not a scan) is as many bytes as characters.
+        size = len(text) if text.isascii() else len(text.encode())
     except UnicodeEncodeError:
         raise InvalidJobError(
             field, "must be valid Unicode text (it contains a lone surrogate such as '\\ud800')"
