@@ -516,6 +516,13 @@ class Bench:
                     nominal,
                     lambda n, p=pgqueue: p.run("baseline-insert", "--jobs", str(n)),
                 )
+                # The target's ratio: both interleaved in one run (harness docstring).
+                self.record(
+                    self.results.figure("pgqueue", "W1-ratio"),
+                    f"W1 run {run} pgqueue interleaved with the bare INSERT, ratio",
+                    lambda p=pgqueue: p.run("enqueue-single-paired", "--jobs", str(nominal)),
+                    key="ratio",
+                )
 
     def _pgqueue(self) -> Prepared | None:
         return next((s for s in self.systems if s.spec.name == "pgqueue"), None)

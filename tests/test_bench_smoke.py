@@ -50,6 +50,8 @@ def test_bench_smoke_run_measures_every_workload(tmp_path: Path) -> None:
     w1, w2, p50, p99 = (cell.strip() for cell in row.strip("|").split("|")[1:5])
     for cell in (w1, w2, p50, p99):
         assert re.fullmatch(r"[\d,.]+", cell), row
+    # The W1 target's figure: our enqueue interleaved with the bare INSERT.
+    assert re.search(r"^W1 interleaved with the bare INSERT .*: [\d.]+x \(", report, re.M), report
     drains = [line for line in report.splitlines() if "threads (`--concurrency" in line]
     assert len(drains) == 2, report  # both ways of spending the slots
     for index, line in enumerate(drains):

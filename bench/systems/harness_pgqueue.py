@@ -3,7 +3,8 @@
 
 Also measures the references only this project has: ``baseline-insert``, a bare
 single-row INSERT transaction on the same table (the W1 reference), and
-``enqueue-single-prepared``, W1 with Django's prepared statements turned on.
+``enqueue-single-prepared``, W1 with Django's prepared statements turned on, and
+``enqueue-single-paired``, that run and the bare INSERT interleaved (the W1 target).
 """
 
 from __future__ import annotations
@@ -82,6 +83,56 @@ def enqueue_single_prepared(args: Any) -> dict[str, Any]:
     options = connection.settings_dict["OPTIONS"]
     connection.settings_dict["OPTIONS"] = {**options, **PREPARED_OPTIONS}
     return enqueue_single(args)
+
+
+#: Jobs per block of the interleaved W1 measurement (``enqueue-single-paired``).
+PAIRED_BLOCK = 500
+
+
+def enqueue_single_paired(args: Any) -> dict[str, Any]:
+    """W1 and the bare INSERT interleaved: ``--jobs`` of each, in blocks of
+    ``PAIRED_BLOCK`` that alternate in ABBA order, with Django's prepared statements.
+
+    Every commit waits for the disk, and this VM's disk changes speed from one second to
+    the next: measured one after the other, the two rates of a run differ by the moments
+    they ran in as much as by the code. Interleaved, both see the same moments, and ABBA
+    cancels the advantage of going second. ``ratio`` is the bare INSERT's time over ours.
+    """
+    import psycopg
+    from django.db import connection
+
+    from django_pgqueue import enqueue
+
+    connection.close()
+    options = connection.settings_dict["OPTIONS"]
+    connection.settings_dict["OPTIONS"] = {**options, **PREPARED_OPTIONS}
+    _truncate()
+    seconds = {"ours": 0.0, "bare": 0.0}
+    with psycopg.connect(args.dsn, autocommit=True) as conn:
+
+        def bare(i: int) -> None:
+            conn.execute(
+                f"INSERT INTO {TABLE} (job_type, data) VALUES (%s, %s::jsonb)",
+                ["bench.noop", f'{{"i": {i}}}'],
+            )
+
+        def ours(i: int) -> None:
+            enqueue("bench.noop", {"i": i})
+
+        for block, start in enumerate(range(0, args.jobs, PAIRED_BLOCK)):
+            numbers = range(start, min(start + PAIRED_BLOCK, args.jobs))
+            order = (("bare", bare), ("ours", ours))
+            for name, call in order if block % 2 == 0 else order[::-1]:
+                began = time.perf_counter()
+                for i in numbers:
+                    call(i)
+                seconds[name] += time.perf_counter() - began
+    return {
+        "ratio": seconds["bare"] / seconds["ours"],
+        "rate": args.jobs / seconds["ours"],
+        "reference_rate": args.jobs / seconds["bare"],
+        "jobs": args.jobs,
+    }
 
 
 def enqueue_bulk(args: Any) -> dict[str, Any]:
@@ -184,6 +235,7 @@ COMMANDS = {
     "setup": setup,
     "enqueue-single": enqueue_single,
     "enqueue-single-prepared": enqueue_single_prepared,
+    "enqueue-single-paired": enqueue_single_paired,
     "enqueue-bulk": enqueue_bulk,
     "baseline-insert": baseline_insert,
     "drain": drain,
