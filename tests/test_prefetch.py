@@ -16,6 +16,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 held_at_start: list[int] = []
 release_blocker = threading.Event()
+blocker_started = threading.Event()
 
 
 def jobs_held_by(worker_id: str) -> int:
@@ -35,6 +36,7 @@ def slow(job):
 
 @job("tests.prefetch.blocker", priority=150, atomic=False)
 def blocker(job):
+    blocker_started.set()
     assert release_blocker.wait(30)
 
 
@@ -47,6 +49,7 @@ def report_started_at(job):
 def _reset():
     held_at_start.clear()
     release_blocker.clear()
+    blocker_started.clear()
     yield
     release_blocker.set()
 
@@ -83,7 +86,8 @@ def test_jobs_waiting_in_the_buffer_are_released_untouched_when_the_worker_stops
     waiting = enqueue_many([{"job_type": "tests.noop"} for _ in range(30)])
 
     with worker_thread(concurrency=1, prefetch=10, worker_id="stopping") as worker:
-        wait_for(lambda: Job.objects.filter(job_type="tests.prefetch.blocker", status="running"))
+        # Its handler, not its status: prefetched jobs are 'running' before they start.
+        wait_for(blocker_started.is_set)
         wait_for(lambda: jobs_held_by("stopping") > 1)
         worker.stop()
         release_blocker.set()
