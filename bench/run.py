@@ -454,7 +454,7 @@ class Bench:
         figure.values.append(result[key] * scale)
         if "jobs" in result:
             figure.jobs.append(result["jobs"])
-        log(f"{what}: {result[key] * scale:,.1f}")
+        log(f"{what}: {result[key] * scale:,.{3 if key == 'ratio' else 1}f}")
         return result
 
     def each_run(self) -> Iterator[int]:
