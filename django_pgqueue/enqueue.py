@@ -58,9 +58,9 @@ VALUES (%s, %s, %s, %s, %s::jsonb,
 RETURNING {_MICROS.format("created_at")}, {_MICROS.format("run_at")}
 """
 
-# The commonest case, a job due at once with no NOTIFY to send (so in autocommit, where
-# now() is this statement's time), in six parameters instead of eight: psycopg adapts
-# every parameter of every call, and this loop is the W1 benchmark's.
+# The commonest case, a job due at once with no NOTIFY to send, in six parameters instead
+# of eight (run_at is now(), as the general statement sets it): psycopg adapts every
+# parameter of every call, and a loop of these is the W1 benchmark.
 _INSERT_ONE_DUE_QUIET = f"""
 INSERT INTO pgqueue_jobs AS inserted (id, job_type, queue, priority, data, run_at, max_attempts)
 VALUES (%s, %s, %s, %s, %s::jsonb, now(), %s)

@@ -661,6 +661,23 @@ def test_the_returned_job_is_the_row_in_the_database(options):
         assert returned._state.db == "default"
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("options", [{}, {"delay": 30}])
+def test_the_returned_job_is_the_row_also_when_no_notify_is_sent(options, monkeypatch):
+    # Autocommit enqueues within the NOTIFY window send none: their own, shorter statements.
+    enqueue_module = importlib.import_module("django_pgqueue.enqueue")
+    monkeypatch.setattr(enqueue_module, "NOTIFY_COALESCE_SECONDS", 3600)
+    enqueue("tests.noop")  # notifies, and opens the window
+    job = enqueue("tests.noop", {"n": [1, 2]}, priority=7, max_attempts=2, **options)
+
+    stored = Job.objects.get(pk=job.pk)
+    for field in Job._meta.concrete_fields:
+        assert getattr(job, field.attname) == getattr(stored, field.attname), field.name
+    assert (stored.run_at - stored.created_at).total_seconds() == pytest.approx(
+        options.get("delay", 0), abs=0.001
+    )
+
+
 @pytest.mark.django_db
 def test_job_ids_are_version_7_uuids_that_grow_with_time():
     first = enqueue("tests.noop")
