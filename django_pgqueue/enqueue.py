@@ -446,22 +446,11 @@ def _built(rows: list[_Row], times: list[tuple[datetime, datetime]], using: str)
 
     ``times``: each row's ``created_at`` and ``run_at``.
     """
-    Job = _job_model()
-
     # One decode for the whole batch: each job gets its data as stored (JSON round trip).
     datas = json.loads("[" + ",".join(row.data for row in rows) + "]")
-    return Job.from_new_rows(
+    return _job_model().from_new_rows(
         [
-            {
-                "id": row.id,
-                "job_type": row.job_type,
-                "queue": row.queue,
-                "priority": row.priority,
-                "data": data,
-                "max_attempts": row.max_attempts,
-                "created_at": created_at,
-                "run_at": run_at,
-            }
+            _inserted_values(row, data, created_at, run_at)
             for row, data, (created_at, run_at) in zip(rows, datas, times, strict=True)
         ],
         using,
@@ -471,20 +460,26 @@ def _built(rows: list[_Row], times: list[tuple[datetime, datetime]], using: str)
 def _built_one(row: _Row, created_us: int, run_us: int, using: str) -> Job:
     """``_built`` for one row, with its times as microseconds since the epoch."""
     created_at = _from_micros(created_us)
-    return _job_model().from_new_row(
-        {
-            "id": row.id,
-            "job_type": row.job_type,
-            "queue": row.queue,
-            "priority": row.priority,
-            "data": json.loads(row.data),
-            "max_attempts": row.max_attempts,
-            "created_at": created_at,
-            # Equal unless delayed: one datetime serves both.
-            "run_at": created_at if run_us == created_us else _from_micros(run_us),
-        },
-        using,
-    )
+    # Equal unless delayed: one datetime serves both.
+    run_at = created_at if run_us == created_us else _from_micros(run_us)
+    values = _inserted_values(row, json.loads(row.data), created_at, run_at)
+    return _job_model().from_new_row(values, using)
+
+
+def _inserted_values(
+    row: _Row, data: Any, created_at: datetime, run_at: datetime
+) -> dict[str, Any]:
+    """What a plain insert of ``row`` stored besides the database defaults."""
+    return {
+        "id": row.id,
+        "job_type": row.job_type,
+        "queue": row.queue,
+        "priority": row.priority,
+        "data": data,
+        "max_attempts": row.max_attempts,
+        "created_at": created_at,
+        "run_at": run_at,
+    }
 
 
 def _from_micros(micros: int) -> datetime:
@@ -604,6 +599,8 @@ def _run_at(row: _Row, now: datetime) -> datetime:
 
 def _send_enqueued(jobs: list[Job]) -> None:
     """Send ``job_enqueued`` for each inserted job; a receiver's error propagates."""
+    if not signals.job_enqueued.receivers:
+        return  # one list check instead of a send() call per job
     for job in jobs:
         signals.job_enqueued.send(sender=type(job), job=job)
 
@@ -670,8 +667,7 @@ def enqueue(
         sql = _INSERT_ONE_QUIET
     created_us, run_us = reused_cursor.execute_fetchone(db, sql, params)
     job = _built_one(row, created_us, run_us, alias)
-    if signals.job_enqueued.receivers:  # skips building the call when nothing listens
-        signals.job_enqueued.send(sender=type(job), job=job)
+    _send_enqueued([job])
     return job
 
 

@@ -332,20 +332,17 @@ class Job(models.Model):
         (``enqueue``: no need to read the rows back)."""
         if not rows:
             return []
-        if _runs_init_signals(cls) or not _fields_new_rows_lack(cls) <= rows[0].keys():
-            full = [{**_NEW_ROW_DEFAULTS, "worker_ids": [], **values} for values in rows]
+        if not _builds_new_rows_directly(cls, rows[0]):
+            full = [_new_row(values) for values in rows]
             return cls.from_rows(list(full[0]), [tuple(row.values()) for row in full], using)
-        return [
-            _loaded(cls, {**_NEW_ROW_DEFAULTS, "worker_ids": [], **values}, using)
-            for values in rows
-        ]
+        return [_loaded(cls, _new_row(values), using) for values in rows]
 
     @classmethod
     def from_new_row(cls, values: dict[str, Any], using: str) -> Job:
         """``from_new_rows`` for one row."""
-        if _runs_init_signals(cls) or not _fields_new_rows_lack(cls) <= values.keys():
+        if not _builds_new_rows_directly(cls, values):
             return cls.from_new_rows([values], using)[0]
-        return _loaded(cls, {**_NEW_ROW_DEFAULTS, "worker_ids": [], **values}, using)
+        return _loaded(cls, _new_row(values), using)
 
     @classmethod
     def from_rows(cls, columns: list[str], rows: list[tuple[Any, ...]], using: str) -> list[Job]:
@@ -388,6 +385,17 @@ _NEW_ROW_DEFAULTS: dict[str, Any] = {
     "last_traceback": "",
     "unique_key": None,
 }
+
+
+def _new_row(values: dict[str, Any]) -> dict[str, Any]:
+    """Every attribute of a freshly inserted job: the database defaults, then ``values``."""
+    return {**_NEW_ROW_DEFAULTS, "worker_ids": [], **values}
+
+
+def _builds_new_rows_directly(model: type[Job], values: dict[str, Any]) -> bool:
+    """Whether new rows with these keys can skip ``Model.__init__``: no init signal
+    listens, and the keys with the defaults cover every field."""
+    return not _runs_init_signals(model) and _fields_new_rows_lack(model) <= values.keys()
 
 
 def _loaded(model: type[Job], attributes: dict[str, Any], using: str) -> Job:
