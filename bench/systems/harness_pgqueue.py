@@ -60,13 +60,17 @@ def setup(args: Any) -> dict[str, Any]:
     return {"ok": True}
 
 
-def enqueue_single(args: Any) -> dict[str, Any]:
+def _enqueue_each(numbers: range) -> None:
     from django_pgqueue import enqueue
 
+    for i in numbers:
+        enqueue("bench.noop", {"i": i})  # autocommit: each its own transaction
+
+
+def enqueue_single(args: Any) -> dict[str, Any]:
     _truncate()
     began = time.perf_counter()
-    for i in range(args.jobs):
-        enqueue("bench.noop", {"i": i})  # autocommit: each its own transaction
+    _enqueue_each(range(args.jobs))
     return common.rate(args.jobs, time.perf_counter() - began)
 
 
@@ -77,12 +81,17 @@ PREPARED_OPTIONS = {"server_side_binding": True, "prepare_threshold": 5}
 def enqueue_single_prepared(args: Any) -> dict[str, Any]:
     """W1 with prepared statements enabled in Django's ``OPTIONS`` (``PREPARED_OPTIONS``):
     the driver settings of the bare INSERT reference, which psycopg prepares by default."""
+    _use_prepared_statements()
+    return enqueue_single(args)
+
+
+def _use_prepared_statements() -> None:
+    """Reconnect Django with ``PREPARED_OPTIONS`` added to the database's ``OPTIONS``."""
     from django.db import connection
 
     connection.close()
     options = connection.settings_dict["OPTIONS"]
     connection.settings_dict["OPTIONS"] = {**options, **PREPARED_OPTIONS}
-    return enqueue_single(args)
 
 
 #: Jobs per block of the interleaved W1 measurement (``enqueue-single-paired``).
@@ -99,33 +108,21 @@ def enqueue_single_paired(args: Any) -> dict[str, Any]:
     cancels the advantage of going second. ``ratio`` is the bare INSERT's time over ours.
     """
     import psycopg
-    from django.db import connection
 
-    from django_pgqueue import enqueue
-
-    connection.close()
-    options = connection.settings_dict["OPTIONS"]
-    connection.settings_dict["OPTIONS"] = {**options, **PREPARED_OPTIONS}
+    _use_prepared_statements()
     _truncate()
     seconds = {"ours": 0.0, "bare": 0.0}
     with psycopg.connect(args.dsn, autocommit=True) as conn:
 
-        def bare(i: int) -> None:
-            conn.execute(
-                f"INSERT INTO {TABLE} (job_type, data) VALUES (%s, %s::jsonb)",
-                ["bench.noop", f'{{"i": {i}}}'],
-            )
-
-        def ours(i: int) -> None:
-            enqueue("bench.noop", {"i": i})
+        def bare(numbers: range) -> None:
+            _bare_insert_each(conn, numbers)
 
         for block, start in enumerate(range(0, args.jobs, PAIRED_BLOCK)):
             numbers = range(start, min(start + PAIRED_BLOCK, args.jobs))
-            order = (("bare", bare), ("ours", ours))
+            order = (("bare", bare), ("ours", _enqueue_each))
             for name, call in order if block % 2 == 0 else order[::-1]:
                 began = time.perf_counter()
-                for i in numbers:
-                    call(i)
+                call(numbers)
                 seconds[name] += time.perf_counter() - began
     return {
         "ratio": seconds["bare"] / seconds["ours"],
@@ -149,12 +146,16 @@ def baseline_insert(args: Any) -> dict[str, Any]:
     _truncate()
     with psycopg.connect(args.dsn, autocommit=True) as conn:
         began = time.perf_counter()
-        for i in range(args.jobs):
-            conn.execute(
-                f"INSERT INTO {TABLE} (job_type, data) VALUES (%s, %s::jsonb)",
-                ["bench.noop", f'{{"i": {i}}}'],
-            )
+        _bare_insert_each(conn, range(args.jobs))
         return common.rate(args.jobs, time.perf_counter() - began)
+
+
+def _bare_insert_each(conn: Any, numbers: range) -> None:
+    for i in numbers:
+        conn.execute(
+            f"INSERT INTO {TABLE} (job_type, data) VALUES (%s, %s::jsonb)",
+            ["bench.noop", f'{{"i": {i}}}'],
+        )
 
 
 def _worker_command(args: Any, slots: int, burst: bool) -> list[str]:
