@@ -223,6 +223,12 @@ def add_server_setting_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def started_server(script: str, settings: Sequence[str]) -> str:
+    """The results' ``server`` line for a server that ``script`` started, with its
+    ``--server-setting`` values."""
+    return f"started by {script} ({', '.join(['system binaries', 'durable settings', *settings])})"
+
+
 def _server_setting(value: str) -> str:
     name, sep, setting = value.partition("=")
     if not sep or not re.fullmatch(r"[a-z_]+", name) or not setting:
@@ -760,9 +766,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "commit": git_commit(),
             "server": "given by --database-url"
             if args.database_url
-            else "started by bench/run.py (system binaries"
-            + "".join(f", {setting}" for setting in args.server_setting)
-            + ")",
+            else started_server("bench/run.py", args.server_setting),
             "notes": [
                 "Drains are timed from the moment every worker process is set up and "
                 "ready (imports and start-up excluded) until the last job is recorded as "

@@ -43,6 +43,7 @@ from bench.run import (  # noqa: E402
     machine,
     postgres,
     server_settings,
+    started_server,
 )
 from bench.systems import harness_pgqueue  # noqa: E402
 from django_pgqueue.conf import PgQueueSettings  # noqa: E402
@@ -472,9 +473,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "commit": git_commit(),
         "server": "given by --database-url"
         if args.database_url
-        else "started by bench/steady.py (system binaries, durable settings"
-        + "".join(f", {setting}" for setting in args.server_setting)
-        + ")",
+        else started_server("bench/steady.py", args.server_setting),
         "notes": notes(plan),
     }
     log(f"long-run pruning benchmark: {plan}")
