@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import operator
+from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol
 
 from django.contrib.postgres.functions import RandomUUID
@@ -345,26 +346,20 @@ class Job(models.Model):
         return _loaded(cls, _new_row(values), using)
 
     @classmethod
-    def from_rows(cls, columns: list[str], rows: list[tuple[Any, ...]], using: str) -> list[Job]:
-        """Build ``Job``s from raw rows a batch at a time (the worker's claim).
+    def from_rows(
+        cls, columns: Sequence[str], rows: list[tuple[Any, ...]], using: str
+    ) -> list[Job]:
+        """Build ``Job``s a batch at a time from raw rows whose JSON columns are already
+        decoded (the worker's claim, read in binary; ``from_new_rows``).
 
         Sets the attributes directly instead of running ``Model.__init__`` per row, which
-        costs more than the claim itself on fast jobs; falls back to ``from_row`` when
+        costs more than the claim itself on fast jobs; runs ``Model.__init__`` when
         something listens to ``pre_init``/``post_init`` of ``Job``.
         """
-        attnames = [f.attname for f in cls._meta.concrete_fields]
-        if _runs_init_signals(cls) or not set(attnames) <= set(columns):
-            return [cls.from_row(columns, row, using) for row in rows]
-        pick = operator.itemgetter(*[columns.index(name) for name in attnames])
-        json_names = [name for name in ("data", "result", "worker_ids") if name in attnames]
-        jobs = []
-        for row in rows:
-            values = dict(zip(attnames, pick(row), strict=True))
-            for name in json_names:
-                if isinstance(values[name], str):
-                    values[name] = _json_field.from_db_value(values[name], None, None)
-            jobs.append(_loaded(cls, values, using))
-        return jobs
+        attnames, pick = _row_plan(cls, tuple(columns))
+        if _runs_init_signals(cls):
+            return [cls.from_db(using, attnames, pick(row)) for row in rows]
+        return [_loaded(cls, dict(zip(attnames, pick(row), strict=True)), using) for row in rows]
 
 
 # What a freshly inserted row holds besides what enqueue sends: the database defaults.
@@ -400,9 +395,10 @@ def _builds_new_rows_directly(model: type[Job], values: dict[str, Any]) -> bool:
 
 def _loaded(model: type[Job], attributes: dict[str, Any], using: str) -> Job:
     """A ``model`` instance with these attributes, as loaded from ``using``, built
-    without ``Model.__init__`` (callers check that no init signal listens)."""
+    without ``Model.__init__`` (callers check that no init signal listens). The
+    instance takes ``attributes`` as its ``__dict__``."""
     job = model.__new__(model)
-    job.__dict__.update(attributes)
+    job.__dict__ = attributes  # callers pass a dict of their own: no copy needed
     state = job._state = ModelState()
     state.adding = False
     state.db = using
@@ -416,6 +412,19 @@ def _fields_new_rows_lack(model: type[models.Model]) -> frozenset[str]:
         *_NEW_ROW_DEFAULTS,
         "worker_ids",
     }
+
+
+@functools.lru_cache(maxsize=32)
+def _row_plan(
+    model: type[Job], columns: tuple[str, ...]
+) -> tuple[list[str], operator.itemgetter[tuple[Any, ...]]]:
+    """For rows with these columns: the model's attribute names, and a getter picking
+    their values from a row in that order."""
+    attnames = [f.attname for f in model._meta.concrete_fields]
+    missing = [name for name in attnames if name not in columns]
+    if missing:
+        raise ValueError(f"the rows lack the column(s) {', '.join(missing)} of {model.__name__}")
+    return attnames, operator.itemgetter(*[columns.index(name) for name in attnames])
 
 
 def _runs_init_signals(model: type[models.Model]) -> bool:

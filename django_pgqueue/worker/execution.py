@@ -134,7 +134,7 @@ def _result_json(value: Any) -> tuple[str | None, str | None]:
 
 def _send(signal: Any, job: Job, **kwargs: Any) -> None:
     """Send a worker signal; a receiver's error is logged, never lets a job be lost."""
-    if not signal.has_listeners(type(job)):
+    if not signal.receivers or not signal.has_listeners(type(job)):
         return
     for receiver, response in signal.send_robust(sender=type(job), job=job, **kwargs):
         if isinstance(response, Exception):

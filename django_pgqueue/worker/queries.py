@@ -6,11 +6,13 @@ from __future__ import annotations
 # Straight into 'running' (p_start): the jobs go to the slots in this transaction, a
 # free slot starting each at once or, prefetched, as soon as one frees up; FINISH then
 # records when each handler actually started.
-CLAIM = "SELECT * FROM claim_job_batch(%s, %s, %s, %s, true)"
+# Sorted by the server, in the order the slots should start them.
+CLAIM = "SELECT * FROM claim_job_batch(%s, %s, %s, %s, true) ORDER BY priority DESC, created_at"
 
 # One statement finishes a whole batch of outcomes: completions, retries, failures and
 # cancellations alike. A job retried goes back to pending with no worker; a finished
-# one keeps the worker that ran it, for the record.
+# one keeps the worker that ran it, for the record. The arrays go in binary (%b):
+# psycopg dumps a list of UUIDs or floats several times faster that way than as text.
 FINISH = """
 UPDATE pgqueue_jobs AS jobs
    SET status = o.status,
@@ -25,9 +27,25 @@ UPDATE pgqueue_jobs AS jobs
        last_traceback = COALESCE(o.traceback, jobs.last_traceback),
        result = o.result::jsonb,
        started_at = COALESCE(to_timestamp(o.started), jobs.started_at)
-  FROM unnest(%s::uuid[], %s::text[], %s::float8[], %s::int[], %s::text[], %s::text[],
-              %s::text[], %s::float8[])
+  FROM unnest(%b::uuid[], %b::text[], %b::float8[], %b::int[], %b::text[], %b::text[],
+              %b::text[], %b::float8[])
        AS o(id, status, delay, refund, error, traceback, result, started)
+ WHERE jobs.id = o.id
+   AND jobs.worker_id = %s
+   AND jobs.status IN ('claimed', 'running')
+RETURNING jobs.id
+"""
+
+# FINISH for a batch in which every job completed with no result and no note: what
+# FINISH writes for such outcomes, from two arrays instead of eight (most batches).
+FINISH_COMPLETED = """
+UPDATE pgqueue_jobs AS jobs
+   SET status = 'completed',
+       progress = 100,
+       completed_at = now(),
+       result = NULL,
+       started_at = COALESCE(to_timestamp(o.started), jobs.started_at)
+  FROM unnest(%b::uuid[], %b::float8[]) AS o(id, started)
  WHERE jobs.id = o.id
    AND jobs.worker_id = %s
    AND jobs.status IN ('claimed', 'running')

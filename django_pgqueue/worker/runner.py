@@ -8,6 +8,7 @@ heartbeat thread keeps held jobs alive; a listener thread turns NOTIFY into wake
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -30,6 +31,7 @@ from ..exceptions import InvalidArgumentError, InvalidWorkerOptionError
 from ..models import Job
 from ..sideconn import open_raw_connection
 from . import queries
+from .adapters import Float8Array, UUIDArray, adapt_worker_connection
 from .execution import Outcome, RunningJob, interrupt, timeout_outcome
 from .heartbeat import Heartbeat
 from .listener import NotificationListener
@@ -216,7 +218,13 @@ class Worker:
     def _db(self) -> psycopg.Connection[Any]:
         """The main loop's own autocommit connection, reopened after a failure."""
         if self._conn is None or self._conn.closed:
-            self._conn = open_raw_connection(self.using)
+            self._conn = conn = open_raw_connection(self.using)
+            adapt_worker_connection(conn)
+            if conn.info.parameter_status("TimeZone") != "UTC":
+                # As Django does for its own connections. psycopg then returns claimed
+                # jobs' six timestamps with datetime.timezone.utc, as the ORM does,
+                # instead of zoneinfo's UTC: four times faster to build.
+                conn.execute("SET TIME ZONE 'UTC'")
         return self._conn
 
     def _drop_connection(self) -> None:
@@ -354,15 +362,16 @@ class Worker:
         conn = self._db()
         finish = claim = None
         with conn.pipeline():
+            # Plain server-binding cursors (Django's settings may make the connection's
+            # default a ClientCursor, which quotes parameters into the SQL in Python and
+            # cannot return binary), never prepared: a transaction pooler such as
+            # PgBouncer may sit in between.
             if outcomes:
-                finish = conn.cursor()
-                finish.execute(queries.FINISH, _finish_params(outcomes, self.worker_id))
+                finish = psycopg.Cursor(conn)
+                finish.execute(*_finish_statement(outcomes, self.worker_id), prepare=False)
             if asked:
                 # Binary results: psycopg's C loaders decode the timestamps and UUIDs
-                # of a whole batch far faster than text parsing in Python. A plain
-                # server-binding Cursor (Django's settings may make the connection's
-                # default a ClientCursor, which cannot return binary), never prepared:
-                # a transaction pooler such as PgBouncer may sit in between.
+                # of a whole batch far faster than text parsing in Python.
                 claim = psycopg.Cursor(conn)
                 claim.execute(
                     queries.CLAIM,
@@ -372,13 +381,10 @@ class Worker:
                 )
         self.round_trips += 1
         if finish is not None:
-            self._record_finished(outcomes, {row[0] for row in finish.fetchall()})
+            self._record_finished(outcomes, finish)
         if claim is None:
             return [], asked
-        assert claim.description is not None
-        columns = [column.name for column in claim.description]
-        jobs = Job.from_rows(columns, claim.fetchall(), self.using)
-        jobs.sort(key=lambda job: (-job.priority, job.created_at))
+        jobs = Job.from_rows(_column_names(claim), claim.fetchall(), self.using)
         assert slots is not None
         self._start(jobs, slots)
         return jobs, asked
@@ -395,8 +401,12 @@ class Worker:
             self._running[job.id] = running
             slots.submit(running)
 
-    def _record_finished(self, outcomes: list[Outcome], written: set[Any]) -> None:
+    def _record_finished(self, outcomes: list[Outcome], finish: psycopg.Cursor[Any]) -> None:
         self._outcomes = self._outcomes[len(outcomes) :]
+        if finish.rowcount == len(outcomes):  # each job once: every outcome was written
+            self.stats.update(outcome.status for outcome in outcomes)
+            return
+        written = {row[0] for row in finish.fetchall()}
         for outcome in outcomes:
             if outcome.job_id in written:
                 self.stats[outcome.status] += 1
@@ -413,7 +423,8 @@ class Worker:
         # Called in the slot thread: hand over to the main loop and wake it.
         running.outcome = outcome
         self._finished.put((running, outcome))
-        self._wake.set()
+        if not self._wake.is_set():  # set() takes a lock, even when already set
+            self._wake.set()
 
     def _reap(self) -> None:
         while True:
@@ -535,6 +546,38 @@ class Worker:
             self.shutdown_grace,
         )
         self.stop()
+
+
+def _column_names(cursor: psycopg.Cursor[Any]) -> tuple[str, ...]:
+    """The names of the columns of ``cursor``'s result, without building the
+    ``Column`` objects of ``cursor.description``."""
+    result = cursor.pgresult
+    assert result is not None
+    return _decoded_names(tuple(result.fname(i) or b"" for i in range(result.nfields)))
+
+
+@functools.lru_cache(maxsize=16)
+def _decoded_names(names: tuple[bytes, ...]) -> tuple[str, ...]:
+    return tuple(name.decode() for name in names)
+
+
+def _finish_statement(outcomes: list[Outcome], worker_id: str) -> tuple[str, list[Any]]:
+    """The statement recording ``outcomes``, and its parameters: ``FINISH_COMPLETED``
+    when every job completed with no result and no note, else ``FINISH``."""
+    if all(
+        o.status == "completed" and o.result is None and o.error is None and o.started is not None
+        for o in outcomes
+    ):
+        return queries.FINISH_COMPLETED, _finish_completed_params(outcomes, worker_id)
+    return queries.FINISH, _finish_params(outcomes, worker_id)
+
+
+def _finish_completed_params(outcomes: list[Outcome], worker_id: str) -> list[Any]:
+    return [
+        UUIDArray([o.job_id for o in outcomes]),
+        Float8Array([o.started for o in outcomes]),  # type: ignore[misc]  # checked above
+        worker_id,
+    ]
 
 
 def _finish_params(outcomes: list[Outcome], worker_id: str) -> list[Any]:

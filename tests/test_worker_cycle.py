@@ -1,0 +1,200 @@
+"""One cycle of the worker's main loop against the test database, driven directly:
+how a batch of outcomes is written and how claimed jobs are built."""
+
+import datetime
+import logging
+import time
+
+import pytest
+from django.db import connection
+from django.db.models.signals import post_init
+
+from django_pgqueue import enqueue
+from django_pgqueue.models import Job, JobStatus
+from django_pgqueue.worker import queries
+from django_pgqueue.worker.execution import Outcome
+from django_pgqueue.worker.runner import (
+    Worker,
+    _finish_completed_params,
+    _finish_params,
+    _finish_statement,
+)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class CollectingSlots:
+    """Stands in for the slot threads: keeps what the cycle hands over."""
+
+    def __init__(self):
+        self.submitted = []
+
+    def submit(self, running):
+        self.submitted.append(running)
+
+
+@pytest.fixture
+def worker():
+    worker = Worker(concurrency=4, prefetch=0, worker_id="cycle-worker", listen=False)
+    yield worker
+    worker._drop_connection()
+
+
+def claim(worker, count):
+    """Claim ``count`` due jobs as ``worker`` does; return the jobs it built."""
+    slots = CollectingSlots()
+    worker.batch_size = count
+    worker.concurrency = count
+    jobs, _ = worker._cycle(slots)
+    assert [running.job for running in slots.submitted] == jobs
+    return jobs
+
+
+def row(job_id):
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT * FROM pgqueue_jobs WHERE id = %s", [job_id])
+        columns = [column.name for column in cursor.description]
+        return dict(zip(columns, cursor.fetchone(), strict=True))
+
+
+def test_plain_completions_are_written_as_the_general_statement_writes_them(worker):
+    first, second = (enqueue("tests.noop", {"n": n}) for n in range(2))
+    claim(worker, 2)
+    Job.objects.update(last_error="from an earlier attempt", last_traceback="tb")
+    started = time.time() - 0.25
+    outcomes = [Outcome(first.id, "completed", started=started)]
+    same_for_second = [Outcome(second.id, "completed", started=started)]
+
+    assert _finish_statement(outcomes, worker.worker_id)[0] == queries.FINISH_COMPLETED
+    conn = worker._db()
+    with conn.transaction():  # one transaction: both statements see the same now()
+        conn.execute(queries.FINISH_COMPLETED, _finish_completed_params(outcomes, "cycle-worker"))
+        conn.execute(queries.FINISH, _finish_params(same_for_second, "cycle-worker"))
+
+    lean, general = row(first.id), row(second.id)
+    differ = {"id", "data", "created_at", "run_at", "claimed_at", "heartbeat_at"}
+    assert {k: v for k, v in lean.items() if k not in differ} == {
+        k: v for k, v in general.items() if k not in differ
+    }
+    assert lean["status"] == JobStatus.COMPLETED
+    assert lean["progress"] == 100
+    assert lean["last_error"] == "from an earlier attempt"
+    assert lean["started_at"].timestamp() == pytest.approx(started, abs=1e-6)
+    assert lean["result"] is None
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        Outcome(None, "completed", result='{"n": 1}'),
+        Outcome(None, "completed", error="the return value was not stored"),
+        Outcome(None, "pending", delay=1.0, error="ValueError: x"),
+        Outcome(None, "failed", error="ValueError: x"),
+        Outcome(None, "cancelled", error="cancelled before it started"),
+        Outcome(None, "completed"),  # never started: no start time
+    ],
+    ids=["result", "note", "retry", "failed", "cancelled", "no-start-time"],
+)
+def test_a_batch_with_anything_but_plain_completions_uses_the_general_statement(other):
+    plain = Outcome(None, "completed", started=time.time())
+    assert _finish_statement([plain, other], "w")[0] == queries.FINISH
+    assert _finish_statement([plain], "w")[0] == queries.FINISH_COMPLETED
+
+
+@pytest.mark.parametrize("second_status", ["completed", "failed"])
+def test_an_outcome_for_a_job_taken_back_is_not_recorded_and_is_logged(
+    worker, caplog, second_status
+):
+    taken, kept = (enqueue("tests.noop", {"n": n}) for n in range(2))
+    claim(worker, 2)
+    # Recovery returned the job, and another worker claimed it meanwhile.
+    Job.objects.filter(id=taken.id).update(worker_id="other-worker")
+    worker._outcomes = [
+        Outcome(taken.id, "completed", started=time.time()),
+        Outcome(
+            kept.id, second_status, started=time.time(), error="x" * (second_status != "completed")
+        ),
+    ]
+
+    with caplog.at_level(logging.WARNING, logger="django_pgqueue.worker"):
+        worker._cycle(None)
+
+    assert worker._outcomes == []
+    assert dict(worker.stats) == {second_status: 1}
+    assert f"job {taken.id} was no longer held by cycle-worker" in caplog.text
+    assert row(taken.id)["status"] == JobStatus.RUNNING
+    assert row(taken.id)["worker_id"] == "other-worker"
+    assert row(kept.id)["status"] == second_status
+
+
+def test_every_outcome_written_counts_without_warning(worker, caplog):
+    jobs = [enqueue("tests.noop", {"n": n}) for n in range(3)]
+    claim(worker, 3)
+    worker._outcomes = [Outcome(job.id, "completed", started=time.time()) for job in jobs]
+    with caplog.at_level(logging.WARNING, logger="django_pgqueue.worker"):
+        worker._cycle(None)
+    assert dict(worker.stats) == {"completed": 3}
+    assert "no longer held" not in caplog.text
+    assert Job.objects.filter(status=JobStatus.COMPLETED).count() == 3
+
+
+@pytest.fixture
+def database_time_zone():
+    """Give new connections to the test database another default time zone."""
+    name = connection.settings_dict["NAME"]
+
+    def set_zone(zone):
+        with connection.cursor() as cursor:
+            cursor.execute(f'ALTER DATABASE "{name}" SET timezone TO %s', [zone])
+
+    yield set_zone
+    with connection.cursor() as cursor:
+        cursor.execute(f'ALTER DATABASE "{name}" RESET timezone')
+
+
+def test_claimed_jobs_carry_utc_datetimes_as_the_orm_loads_them(worker, database_time_zone):
+    database_time_zone("America/New_York")
+    enqueued = enqueue("tests.noop", {"n": 1})
+    [claimed] = claim(worker, 1)
+    loaded = Job.objects.get(id=enqueued.id)
+    for name in ("created_at", "run_at", "claimed_at", "started_at", "heartbeat_at"):
+        value = getattr(claimed, name)
+        assert value == getattr(loaded, name), name
+        assert value.tzinfo is datetime.UTC, name
+
+
+def test_claimed_jobs_are_built_through_init_when_init_signals_listen(worker):
+    seen = []
+
+    def receiver(sender, instance, **kwargs):
+        seen.append(instance)
+
+    job = enqueue("tests.noop", {"n": 7, "label": "123"})
+    Job.objects.filter(id=job.id).update(result="123")  # a JSON string of digits
+    post_init.connect(receiver, sender=Job)
+    try:
+        [claimed] = claim(worker, 1)
+    finally:
+        post_init.disconnect(receiver, sender=Job)
+    assert seen == [claimed]
+    assert claimed.id == job.id
+    assert claimed.data == {"n": 7, "label": "123"}
+    assert claimed.result == "123"
+    assert claimed.worker_ids == ["cycle-worker"]
+    assert claimed.status == JobStatus.RUNNING
+    assert not claimed._state.adding
+    assert claimed._state.db == "default"
+
+
+def test_claimed_jobs_without_init_signals_are_complete_instances(worker):
+    job = enqueue("tests.noop", {"n": 8})
+    Job.objects.filter(id=job.id).update(result="456")
+    [claimed] = claim(worker, 1)
+    assert claimed.get_deferred_fields() == set()
+    assert claimed.data == {"n": 8}
+    assert claimed.result == "456"
+    assert not claimed._state.adding
+    assert claimed._state.db == "default"
+    loaded = Job.objects.get(id=job.id)
+    for field in Job._meta.concrete_fields:
+        assert getattr(claimed, field.attname) == getattr(loaded, field.attname), field.attname
