@@ -269,7 +269,13 @@ def harness_parser(description: str, extra: Sequence[str] = ()) -> argparse.Argu
     p.add_argument("--jobs", type=int, required=True)
     p.add_argument("--layout", default="1x4", help="PROCESSESxSLOTS")
     p.add_argument("--kind", choices=["noop", "cpu_flaky"], default="noop")
-    p.add_argument("--keep", action="store_true", help="keep the rows already there")
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the rows already there (W5), vacuumed first: the previous run's dead "
+        "rows would slow the next claims down until autovacuum comes, and a drain without "
+        "--keep starts from a truncated table",
+    )
     p = sub.add_parser("latency", help="enqueue-commit to job start, idle worker")
     p.add_argument("--samples", type=int, required=True)
     p.add_argument("--layout", default="1x4")

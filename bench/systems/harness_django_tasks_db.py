@@ -99,6 +99,8 @@ def drain(args: Any) -> dict[str, Any]:
         raise ValueError("django-tasks-db has no retries: W6 does not apply")
     if not args.keep:
         _truncate()
+    else:
+        _execute(f"VACUUM {_table()}")  # see --keep
     _enqueue_bulk(args.jobs, 5000)
     _execute(f"ANALYZE {_table()}")  # statistics as autovacuum would leave them
     before = _successful()

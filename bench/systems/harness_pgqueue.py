@@ -167,6 +167,8 @@ def drain(args: Any) -> dict[str, Any]:
     processes, slots = common.parse_layout(args.layout)
     if not args.keep:
         _truncate()
+    else:
+        _execute(f"VACUUM {TABLE}")  # see --keep
     job_type = "bench.noop" if args.kind == "noop" else "bench.cpu_flaky"
     enqueue_in_chunks(job_type, args.jobs, 5000)
     _execute(f"ANALYZE {TABLE}")  # statistics as autovacuum would leave them

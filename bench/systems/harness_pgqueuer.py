@@ -118,6 +118,8 @@ async def drain(args: Any) -> dict[str, Any]:
     conn = await _connect(args.dsn)
     if not args.keep:
         await _truncate(conn)
+    else:
+        await conn.execute("VACUUM pgqueuer, pgqueuer_log")  # see --keep
     await _enqueue_bulk(Queries(AsyncpgDriver(conn)), f"bench.{args.kind}", args.jobs, 5000)
     await conn.execute("ANALYZE pgqueuer")  # statistics as autovacuum would leave them
     before = await _successful(conn)

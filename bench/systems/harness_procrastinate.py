@@ -106,6 +106,8 @@ async def drain(args: Any) -> dict[str, Any]:
     processes, slots = common.parse_layout(args.layout)
     if not args.keep:
         await _truncate(args.dsn)
+    else:
+        await _sql(args.dsn, f"VACUUM {TABLE}")  # see --keep
     async with _app(args.dsn).open_async() as app:
         await _enqueue_bulk(app.tasks[f"bench.{args.kind}"], args.jobs, 5000)
     await _sql(args.dsn, f"ANALYZE {TABLE}")  # statistics as autovacuum would leave them
