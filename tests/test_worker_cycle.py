@@ -101,9 +101,13 @@ def test_a_batch_with_anything_but_plain_completions_uses_the_general_statement(
     assert _finish_statement([plain], "w")[0] == queries.FINISH_COMPLETED
 
 
-@pytest.mark.parametrize("second_status", ["completed", "failed"])
+@pytest.mark.parametrize(
+    ("second_status", "error", "statement"),
+    [("completed", None, queries.FINISH_COMPLETED), ("failed", "ValueError: x", queries.FINISH)],
+    ids=["plain-completions", "general"],
+)
 def test_an_outcome_for_a_job_taken_back_is_not_recorded_and_is_logged(
-    worker, caplog, second_status
+    worker, caplog, second_status, error, statement
 ):
     taken, kept = (enqueue("tests.noop", {"n": n}) for n in range(2))
     claim(worker, 2)
@@ -111,10 +115,9 @@ def test_an_outcome_for_a_job_taken_back_is_not_recorded_and_is_logged(
     Job.objects.filter(id=taken.id).update(worker_id="other-worker")
     worker._outcomes = [
         Outcome(taken.id, "completed", started=time.time()),
-        Outcome(
-            kept.id, second_status, started=time.time(), error="x" * (second_status != "completed")
-        ),
+        Outcome(kept.id, second_status, started=time.time(), error=error),
     ]
+    assert _finish_statement(worker._outcomes, worker.worker_id)[0] == statement
 
     with caplog.at_level(logging.WARNING, logger="django_pgqueue.worker"):
         worker._cycle(None)
