@@ -97,9 +97,12 @@ def test_sigterm_releases_a_job_that_outlives_the_grace_period(workers):
 
 
 def test_second_signal_exits_at_once_and_recovery_picks_up_the_job(workers):
-    job = enqueue("tests.record", {"sleep": 30})
+    # tests.progress writes 25 % as soon as its handler starts, then sleeps. A claimed
+    # job is 'running' already before a slot starts it, and a SIGTERM then would
+    # release it and let the worker exit before the second signal.
+    job = enqueue("tests.progress", {"sleep": 30})
     worker = workers("--shutdown-grace", "60")
-    wait_for(lambda: status_of(job) == JobStatus.RUNNING)
+    wait_for(lambda: Job.objects.get(pk=job.pk).progress == 25)
     worker.signal(signal.SIGTERM)
     wait_for(lambda: "SIGTERM: stopping" in worker.output())
     worker.signal(signal.SIGTERM)
