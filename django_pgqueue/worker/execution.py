@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections, transaction
+import psycopg
+from django.db import OperationalError, connections, transaction
 
 from .. import registry, signals
 from ..backoff import default_backoff
@@ -172,6 +173,7 @@ def execute(running: RunningJob, alias: str) -> Outcome:
     if running.cancel_event.is_set():
         # Cancelled while it waited in the prefetch buffer: never started.
         return Outcome(job.id, "cancelled", error="cancelled before it started")
+    _LostConnections.check_since_last_seen()
     job._cancel_event = running.cancel_event
     running.started_wall = time.time()
     running.started_monotonic = time.monotonic()
@@ -192,11 +194,58 @@ def execute(running: RunningJob, alias: str) -> Outcome:
                 running.thread_id = None
             running.duration = time.monotonic() - running.started_monotonic
     except BaseException as exc:  # even sys.exit() in a handler must not kill the slot
+        if _is_operational_error(exc):
+            # Maybe a lost connection, which transaction.atomic may already have
+            # replaced: the server may have cut the other slots' connections too.
+            _LostConnections.found()
         _reset_broken_connections()
         return _failed(running, exc)
     _send(signals.job_completed, job, result=value)
     result, note = _result_json(value)
     return Outcome(job.id, "completed", result=result, error=note)
+
+
+class _LostConnections:
+    """How many times a slot of this process found its connection cut by the server.
+
+    When the server cuts one slot's connection (a restart, terminated backends), the
+    other slots' idle connections are usually dead too, though nothing says so until
+    they are used: each would fail its next job, and a job retried at once could fail on
+    one dead connection after another until its attempts ran out. So each slot checks
+    its connections once before its next job after any slot lost one.
+    """
+
+    count = 0
+    _seen = threading.local()
+
+    @classmethod
+    def found(cls) -> None:
+        """Called in a slot whose connection was just closed as unusable."""
+        cls.count += 1  # a lost update across threads still changes it: enough
+        cls._seen.count = cls.count
+
+    @classmethod
+    def check_since_last_seen(cls) -> None:
+        count = cls.count
+        if getattr(cls._seen, "count", 0) == count:
+            return
+        cls._seen.count = count
+        for connection in connections.all(initialized_only=True):
+            if connection.connection is not None and not connection.is_usable():
+                connection.close()
+
+
+def _is_operational_error(exc: BaseException) -> bool:
+    """Whether ``exc``, or an exception it was raised from, is an OperationalError
+    (lost connections among them), as Django or psycopg raise it."""
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            return False
+        if isinstance(seen, (OperationalError, psycopg.OperationalError)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _reset_broken_connections() -> None:
