@@ -673,9 +673,10 @@ def test_the_returned_job_is_the_row_also_when_no_notify_is_sent(options, monkey
     stored = Job.objects.get(pk=job.pk)
     for field in Job._meta.concrete_fields:
         assert getattr(job, field.attname) == getattr(stored, field.attname), field.name
-    assert (stored.run_at - stored.created_at).total_seconds() == pytest.approx(
-        options.get("delay", 0), abs=0.001
-    )
+    # run_at is the transaction's now() plus the delay; created_at is read a moment
+    # later in the same statement (over a millisecond on a loaded machine).
+    gap = (stored.run_at - stored.created_at).total_seconds()
+    assert options.get("delay", 0) - 0.1 < gap <= options.get("delay", 0)
 
 
 @pytest.mark.django_db
