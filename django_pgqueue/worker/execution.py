@@ -220,7 +220,7 @@ class _LostConnections:
 
     @classmethod
     def found(cls) -> None:
-        """Called in a slot whose connection was just closed as unusable."""
+        """Called in a slot whose handler failed with an OperationalError."""
         cls.count += 1  # a lost update across threads still changes it: enough
         cls._seen.count = cls.count
 
