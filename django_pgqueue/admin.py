@@ -20,7 +20,6 @@ from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connections, router, transaction
 from django.db.models import Count, Min, Q, QuerySet
-from django.db.models.functions import Now
 from django.http import (
     HttpRequest,
     HttpResponse,
@@ -40,6 +39,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from . import conf, registry, validation
+from .due import due_q, not_yet_due_q
 from .exceptions import InvalidArgumentError
 from .models import (
     FINISHED,
@@ -561,7 +561,7 @@ class JobAdmin(admin.ModelAdmin):
     @admin.action(permissions=["retry"], description=gettext_lazy("Run selected delayed jobs now"))
     def run_jobs_now(self, request: HttpRequest, queryset: JobQuerySet) -> None:
         selected = queryset.count()
-        changed = queryset.filter(status=JobStatus.PENDING, run_at__gt=Now()).run_now()
+        changed = queryset.run_now()
         self._report(
             request,
             _("Run now: %(changed)d changed, %(skipped)d skipped (not delayed pending jobs).")
@@ -787,13 +787,13 @@ def queue_stats(now: datetime) -> list[dict[str, Any]]:
     One pass over the table (a million rows take a fraction of a second): this page is
     opened on purpose, unlike the changelist.
     """
-    due = Q(status=JobStatus.PENDING, run_at__lte=now)
+    due = due_q() & Q(status=JobStatus.PENDING)
     return list(
         Job.objects.order_by("queue")
         .values("queue")
         .annotate(
             **_STATUS_COUNTS,
-            delayed=Count("pk", filter=Q(status=JobStatus.PENDING, run_at__gt=now)),
+            delayed=Count("pk", filter=not_yet_due_q() & Q(status=JobStatus.PENDING)),
             oldest_due=Min("run_at", filter=due),
             completed_last_minute=Count(
                 "pk",

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypedDict
 from django.db import connections, transaction
 
 from . import conf, registry, reused_cursor, signals, validation
+from .due import DUE
 from .exceptions import DuplicateJobError, InvalidJobError, PgQueueError
 
 if TYPE_CHECKING:
@@ -58,9 +59,9 @@ VALUES (%s, %s, %s, %s, %s::jsonb,
 RETURNING {_MICROS.format("created_at")}, {_MICROS.format("run_at")}
 """
 
-# The commonest case, a job due at once with no NOTIFY to send, in six parameters instead
-# of eight (run_at is now(), as the general statement sets it): psycopg adapts every
-# parameter of every call, and a loop of these is the W1 benchmark.
+# The commonest case, an undelayed job (due at once) with no NOTIFY to send, in six
+# parameters instead of eight (run_at is now(), as the general statement sets it): psycopg
+# adapts every parameter of every call, and a loop of these is the W1 benchmark.
 _INSERT_ONE_DUE_QUIET = f"""
 INSERT INTO pgqueue_jobs AS inserted (id, job_type, queue, priority, data, run_at, max_attempts)
 VALUES (%s, %s, %s, %s, %s::jsonb, now(), %s)
@@ -78,9 +79,14 @@ SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::int8,
        (extract(epoch FROM now()) * 1000000)::int8
 """
 _COPY = f"COPY pgqueue_jobs ({_COLUMNS}, created_at) FROM STDIN"
-# Sent after the COPY: in autocommit the jobs are committed by then, and inside a
-# transaction PostgreSQL delivers the notification on commit.
-_NOTIFY_QUEUES = "SELECT count(pg_notify(%s, queue)) FROM unnest(%s::text[]) AS queue"
+# Sent after the COPY, with each queue's earliest run_at: the server decides which are
+# due, as it does in the other inserts' NOTIFY. In autocommit the jobs are committed by
+# then, and inside a transaction PostgreSQL delivers the notification on commit.
+_NOTIFY_QUEUES = f"""
+SELECT count(pg_notify(%s, queue))
+  FROM unnest(%s::text[], %s::timestamptz[]) AS earliest(queue, run_at)
+ WHERE {DUE}
+"""
 
 _INSERT_ONE = f"""
 WITH inserted AS (
@@ -149,9 +155,9 @@ UNIQUE_ROUNDS = 50
 
 # pg_notify in a CTE joined to the result, so it runs in the same statement. PostgreSQL
 # folds identical notifications of one transaction into one and delivers them on commit.
-_NOTIFY = """, notified AS (
+_NOTIFY = f""", notified AS (
     SELECT count(pg_notify(%s, due.queue)) AS sent
-      FROM (SELECT DISTINCT queue FROM inserted WHERE run_at <= now()) AS due
+      FROM (SELECT DISTINCT queue FROM inserted WHERE {DUE}) AS due
 )"""
 _NOTIFY_JOIN = " CROSS JOIN notified"
 
@@ -201,8 +207,12 @@ class _Row(NamedTuple):
     unique_key: str | None
 
     @property
-    def due(self) -> bool:
-        """Due at once: neither a ``run_at`` nor a ``delay``."""
+    def undelayed(self) -> bool:
+        """Neither a ``run_at`` nor a ``delay``: stored with ``run_at = now()``.
+
+        Such a job is due by construction; whether any other job is due the server
+        decides (:data:`django_pgqueue.due.DUE`) in the statement that notifies.
+        """
         return self.run_at is None and not self.delay
 
 
@@ -373,43 +383,55 @@ NOTIFY_COALESCE_SECONDS = 0.005
 _last_notified: dict[tuple[str, str], float] = {}
 
 
-def _due_queues(rows: Iterable[_Row]) -> set[str]:
-    """The queues of the ``rows`` due at once: the ones a NOTIFY is for."""
-    return {row.queue for row in rows if row.due}
+def _undelayed_queues(rows: Iterable[_Row]) -> set[str]:
+    """The queues of the undelayed ``rows``: the notifications that may be coalesced."""
+    return {row.queue for row in rows if row.undelayed}
 
 
-def _wants_notify(db: BaseDatabaseWrapper, due: set[str], *, record: bool = True) -> bool:
-    """Whether an insert on ``db`` whose due jobs go to the ``due`` queues should
-    notify; records the notification when it will.
+def _has_run_at(rows: Iterable[_Row]) -> bool:
+    """Whether a row has an explicit ``run_at``: only the server can tell if it is due."""
+    return any(row.run_at is not None for row in rows)
 
-    ``record=False`` for unique inserts, which may insert nothing: they call
-    ``_record_notified`` with what they did insert.
+
+def _wants_notify(
+    db: BaseDatabaseWrapper,
+    undelayed: set[str],
+    *,
+    scheduled: bool = False,
+    record: bool = True,
+) -> bool:
+    """Whether an insert on ``db`` should send its NOTIFY; records it when it will.
+
+    ``undelayed``: the queues of its undelayed jobs. ``scheduled``: whether it has jobs
+    with an explicit ``run_at``, which the statement notifies for if the server finds
+    them due; those are never coalesced. ``record=False`` for unique inserts, which may
+    insert nothing: they call ``_record_notified`` with what they did insert.
     """
     if db.in_atomic_block:
         # The commit time is unknown inside a transaction: always notify on commit.
         return True
-    if not due:
-        return True  # the statement notifies only for due jobs: nothing to coalesce
+    if not undelayed or scheduled:
+        return True  # the server decides what is due: nothing to coalesce
     now = time.monotonic()
     alias = db.alias
-    for queue in due:
+    for queue in undelayed:
         if now - _last_notified.get((alias, queue), -math.inf) >= NOTIFY_COALESCE_SECONDS:
             break
     else:
         return False  # every queue was notified this recently
     if record:
-        for queue in due:
+        for queue in undelayed:
             _last_notified[(alias, queue)] = now
     return True
 
 
-def _record_notified(db: BaseDatabaseWrapper, due: set[str]) -> None:
-    """Note the NOTIFY an autocommit unique insert on ``db`` sent for the ``due`` queues
-    of the jobs it inserted."""
+def _record_notified(db: BaseDatabaseWrapper, undelayed: set[str]) -> None:
+    """Note the NOTIFY an autocommit unique insert on ``db`` sent for the ``undelayed``
+    queues of the jobs it inserted."""
     if db.in_atomic_block:
         return
     now = time.monotonic()
-    for queue in due:
+    for queue in undelayed:
         _last_notified[(db.alias, queue)] = now
 
 
@@ -564,11 +586,41 @@ def _copy_rows(first: list[_Row], more: Iterator[_Row], using: str) -> list[Job]
             connection.queries_log.append(
                 {"sql": f"{_COPY} -- {len(rows)} rows", "time": f"{time.monotonic() - began:.3f}"}
             )
-        due = _due_queues(rows)
         settings = conf.get_settings()
-        if due and settings.NOTIFY and _wants_notify(connection, due):
-            cursor.execute(_NOTIFY_QUEUES, [settings.NOTIFY_CHANNEL, sorted(due)])
+        if settings.NOTIFY:
+            _notify_copied(cursor, connection, rows, times, now, settings.NOTIFY_CHANNEL)
     return jobs
+
+
+def _notify_copied(
+    cursor: Any,
+    connection: BaseDatabaseWrapper,
+    rows: list[_Row],
+    times: list[tuple[datetime, datetime]],
+    now: datetime,
+    channel: str,
+) -> None:
+    """Send the NOTIFY of a COPY for the queues the server finds due.
+
+    Each queue goes with its earliest ``run_at``: ``now`` (the transaction's ``now()``)
+    for undelayed rows, the given time for rows with a ``run_at``. Rows with a ``delay``
+    cannot be due yet and are left out; a batch of only those sends nothing.
+    """
+    undelayed: set[str] = set()
+    scheduled: dict[str, datetime] = {}
+    for row, (_, run_at) in zip(rows, times, strict=True):
+        if row.undelayed:
+            undelayed.add(row.queue)
+        elif row.run_at is not None and (
+            row.queue not in scheduled or run_at < scheduled[row.queue]
+        ):
+            scheduled[row.queue] = run_at
+    if not (undelayed or scheduled):
+        return
+    if _wants_notify(connection, undelayed, scheduled=bool(scheduled)):
+        earliest = {**scheduled, **dict.fromkeys(undelayed, now)}
+        queues = sorted(earliest)
+        cursor.execute(_NOTIFY_QUEUES, [channel, queues, [earliest[q] for q in queues]])
 
 
 def _copy_line(row: _Row, times: tuple[datetime, datetime], now_text: str) -> str:
@@ -581,7 +633,7 @@ def _copy_line(row: _Row, times: tuple[datetime, datetime], now_text: str) -> st
     """
     created_at, run_at = times
     data = row.data.replace("\\", "\\\\")
-    run_text = now_text if row.due else run_at.isoformat()
+    run_text = now_text if row.undelayed else run_at.isoformat()
     return (
         f"{row.id.int:032x}\t{row.job_type}\t{row.queue}\t{row.priority}\t{data}\t"
         f"{run_text}\t{row.max_attempts}\t{created_at.isoformat()}\n"
@@ -655,11 +707,11 @@ def enqueue(
     if row.unique_key is not None:
         return _enqueue_unique(row, on_duplicate, alias)
     db = connections[alias]
-    due = row.due
-    if _wants_notify(db, {row.queue} if due else set()) and settings.NOTIFY:
+    undelayed = row.undelayed
+    if _wants_notify(db, {row.queue} if undelayed else set()) and settings.NOTIFY:
         params: list[Any] = list(row[:_PLAIN])
         sql = _sql(_INSERT_ONE, params, True)
-    elif due:
+    elif undelayed:
         params = [row.id, row.job_type, row.queue, row.priority, row.data, row.max_attempts]
         sql = _INSERT_ONE_DUE_QUIET
     else:
@@ -675,14 +727,14 @@ def _enqueue_unique(row: _Row, on_duplicate: OnDuplicate, alias: str) -> Job:
     assert row.unique_key is not None
     for _ in range(UNIQUE_ROUNDS):
         params: list[Any] = [*row, row.unique_key]
-        notify = _wants_notify(connections[alias], _due_queues([row]), record=False)
+        notify = _wants_notify(connections[alias], _undelayed_queues([row]), record=False)
         jobs = _run(_sql(_INSERT_ONE_UNIQUE, params, notify), params, alias)
         if not jobs:
             continue  # the holder committed while the insert waited: look again
         job = jobs[0]
         if job.id == row.id:
             if notify:
-                _record_notified(connections[alias], _due_queues([row]))
+                _record_notified(connections[alias], _undelayed_queues([row]))
             _send_enqueued([job])
             return job
         logger.debug("unique_key %r is held by job %s: not enqueued", row.unique_key, job.id)
@@ -801,7 +853,12 @@ def _insert_unique(rows: list[_Row], alias: str) -> tuple[dict[uuid.UUID, Job], 
     for _ in range(UNIQUE_ROUNDS):
         params: list[Any] = [list(column) for column in zip(*todo, strict=True)]
         params.append([row.unique_key for row in todo if row.unique_key is not None])
-        notify = _wants_notify(connections[alias], _due_queues(todo), record=False)
+        notify = _wants_notify(
+            connections[alias],
+            _undelayed_queues(todo),
+            scheduled=_has_run_at(todo),
+            record=False,
+        )
         sent = {row.id: row for row in todo}
         for job in _run(_sql(_INSERT_MANY_UNIQUE, params, notify), params, alias):
             if job.id in sent:
@@ -811,7 +868,7 @@ def _insert_unique(rows: list[_Row], alias: str) -> tuple[dict[uuid.UUID, Job], 
                 holders[job.unique_key] = job
         if notify:
             _record_notified(
-                connections[alias], _due_queues(row for row in todo if row.id in inserted)
+                connections[alias], _undelayed_queues(row for row in todo if row.id in inserted)
             )
         # Left: keys whose holder committed while the insert waited for it.
         todo = [row for row in todo if row.id not in inserted and row.unique_key not in holders]

@@ -17,6 +17,7 @@ from django.db.models.signals import post_init, pre_init
 from django.utils.translation import gettext_lazy as _
 
 from . import conf
+from .due import not_yet_due_q
 from .exceptions import InvalidJobError, JobCancelled, PgQueueError
 from .indexes import GinIndex
 
@@ -127,7 +128,7 @@ class JobQuerySet(models.QuerySet["Job"]):
 
     def run_now(self) -> int:
         """Make delayed pending jobs due immediately."""
-        eligible = self.filter(status=JobStatus.PENDING, run_at__gt=Now())
+        eligible = self.filter(not_yet_due_q(), status=JobStatus.PENDING)
         queues = _queues_of(eligible)
         changed = eligible.update(run_at=Now())
         _notify(_write_db(self), queues if changed else [])

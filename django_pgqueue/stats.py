@@ -20,16 +20,17 @@ from typing import Any
 from django.db import connections, transaction
 
 from . import conf
+from .due import DUE, NOT_YET_DUE
 from .models import LimitScope, WorkerRecord
 
 #: The window of "recent" figures: throughput and waiting times.
 WINDOW_SECONDS = 60
 
-_PENDING = """
+_PENDING = f"""
 SELECT queue,
-       count(*) FILTER (WHERE run_at <= now()),
-       count(*) FILTER (WHERE run_at > now()),
-       EXTRACT(EPOCH FROM now() - min(run_at) FILTER (WHERE run_at <= now()))::float8
+       count(*) FILTER (WHERE {DUE}),
+       count(*) FILTER (WHERE {NOT_YET_DUE}),
+       EXTRACT(EPOCH FROM now() - min(run_at) FILTER (WHERE {DUE}))::float8
   FROM pgqueue_jobs
  WHERE status = 'pending'
  GROUP BY queue
