@@ -319,7 +319,7 @@ def _prepare(
         resolved.name,
         resolved.queue,
         resolved.priority,
-        validation.payload(data, f"{prefix}data"),
+        validation.payload(data, f"{prefix}data", max_bytes=conf.get_settings().MAX_PAYLOAD_BYTES),
         None if run_at is None else validation.aware_datetime(run_at, f"{prefix}run_at"),
         0.0 if delay is None else _delay(delay, f"{prefix}delay"),
         resolved.max_attempts,

@@ -19,7 +19,6 @@ not run it at noon.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, tzinfo
@@ -225,17 +224,10 @@ def _schedule_entry(name: Any, entry: Any, *, max_payload_bytes: int) -> Schedul
 
 
 def _check_data(data: Any, key: str, max_payload_bytes: int) -> None:
-    # validation.payload() reads the settings, which are being validated: check here.
-    if not isinstance(data, dict):
-        raise SettingsError(f"{key} must be a dict (a JSON object), got {type(data).__name__}")
     try:
-        text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise SettingsError(f"{key} must be JSON-serialisable ({exc})") from None
-    if len(text.encode(errors="surrogatepass")) > max_payload_bytes:
-        raise SettingsError(
-            f"{key} is over PGQUEUE['MAX_PAYLOAD_BYTES'] ({max_payload_bytes} bytes of JSON)"
-        )
+        validation.payload(data, key, max_bytes=max_payload_bytes)
+    except InvalidJobError as exc:
+        raise SettingsError(str(exc)) from None
 
 
 def schedules() -> list[Schedule]:

@@ -1,12 +1,19 @@
 """Checks shared by ``enqueue``, ``enqueue_many`` and ``@job``: each raises
-:class:`~django_pgqueue.exceptions.InvalidJobError` naming the field."""
+:class:`~django_pgqueue.exceptions.InvalidJobError` naming the field.
+
+What passes is what PostgreSQL stores and Python reads back unchanged: a value that
+would be altered on the way (a float that jsonb turns into an integer, a dict key that
+JSON turns into a string) or that could not be read back (a time outside Python's
+range in UTC, JSON nested too deep to decode) is refused here, before anything is
+written. The checks read no settings: limits are passed in.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 import re
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from . import conf
@@ -16,6 +23,22 @@ _JOB_TYPE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/\-]*$")
 _QUEUE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]*$")
 # An escaped NUL in JSON text: "\u0000" preceded by an even number of backslashes.
 _JSON_NUL_RE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+#: How deeply ``data`` may nest (dicts and lists within each other). JSON's C encoder
+#: and decoder recurse per level and stop at Python's recursion limit, in the enqueuing
+#: process and in the worker that decodes the job; this keeps both far from it.
+MAX_NESTING = 100
+
+# Python writes floats of this magnitude or more in exponent form ("1e+16"), which jsonb
+# stores as an exact numeric and returns without a fraction: they come back as ints.
+_FLOAT_LIMIT = 1e16
+# Python refuses to write (and read) integers of more digits than this by default.
+_INT_LIMIT = 10**4300
+
+#: The earliest and latest times accepted, in UTC: a day inside Python's range, so that
+#: the time can be shown in any time zone (offsets are less than a day).
+EARLIEST_TIME = datetime(1, 1, 2, tzinfo=UTC)
+LATEST_TIME = datetime(9999, 12, 30, 23, 59, 59, 999999, tzinfo=UTC)
+
 # One encoder for every payload: json.dumps builds a new one per call when given options.
 _PAYLOAD_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
@@ -122,6 +145,11 @@ def seconds(value: Any, field: str, *, allow_zero: bool = True) -> float:
 
 
 def aware_datetime(value: Any, field: str) -> datetime:
+    """``value``, a timezone-aware datetime, in UTC: what PostgreSQL stores and returns.
+
+    Converted here because PostgreSQL refuses offsets that Python allows (beyond 15:59
+    hours, or with seconds or microseconds).
+    """
     if not isinstance(value, datetime):
         raise InvalidJobError(field, f"must be a datetime, got {type(value).__name__}")
     if value.tzinfo is None or value.utcoffset() is None:
@@ -130,15 +158,105 @@ def aware_datetime(value: Any, field: str) -> datetime:
             "must be timezone-aware (a naive datetime is ambiguous); "
             "use django.utils.timezone.now() + timedelta(...) or datetime(..., tzinfo=UTC)",
         )
-    return value
+    try:
+        in_utc = value.astimezone(UTC)
+    except OverflowError:
+        in_utc = None
+    if in_utc is None or not EARLIEST_TIME <= in_utc <= LATEST_TIME:
+        raise InvalidJobError(
+            field,
+            f"{value.isoformat()} is outside the supported range once converted to UTC "
+            f"({EARLIEST_TIME:%Y-%m-%d} to {LATEST_TIME:%Y-%m-%d}): Python cannot read "
+            "such a time back from the database",
+        )
+    return in_utc
 
 
-def payload(value: Any, field: str = "data") -> str:
-    """Serialise ``value`` (a dict) to compact JSON within ``MAX_PAYLOAD_BYTES``."""
+class _Unstorable(Exception):
+    """A part of a payload that cannot round-trip; ``path`` is filled in on the way out."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.path: list[str] = []
+
+
+def _check_float(value: float) -> None:
+    if -_FLOAT_LIMIT < value < _FLOAT_LIMIT:
+        return
+    if not math.isfinite(value):
+        raise _Unstorable(f"is {value!r}, not a JSON number; store it as a string or None")
+    raise _Unstorable(
+        f"is the float {value!r}, which would come back as an integer (PostgreSQL's jsonb "
+        "keeps no exponent); pass it as an int or a string"
+    )
+
+
+def _check_tree(value: Any, depth: int) -> None:
+    """Raise ``_Unstorable`` for a part of ``value`` that JSON in jsonb would not keep.
+
+    Types JSON cannot encode at all are left to the encoder, which names them.
+    """
+    kind = type(value)
+    if kind is str or kind is bool or value is None:
+        return
+    if kind is int:
+        if -_INT_LIMIT < value < _INT_LIMIT:
+            return
+        raise _Unstorable("is an integer of more than 4,300 digits; store it as a string")
+    if kind is float:
+        _check_float(value)
+        return
+    if kind is dict or kind is list or kind is tuple:
+        if depth >= MAX_NESTING:
+            raise _Unstorable(
+                f"nests more than {MAX_NESTING} levels deep; flatten it or store it elsewhere"
+            )
+        if kind is dict:
+            for key, item in value.items():
+                if type(key) is not str and not isinstance(key, str):
+                    raise _Unstorable(
+                        f"has the key {key!r} ({type(key).__name__}); JSON keys are strings, "
+                        "so it would come back as a string: convert it first"
+                    )
+                try:
+                    _check_tree(item, depth + 1)
+                except _Unstorable as exc:
+                    exc.path.append(f"[{key!r}]")
+                    raise
+        else:
+            for index, item in enumerate(value):
+                try:
+                    _check_tree(item, depth + 1)
+                except _Unstorable as exc:
+                    exc.path.append(f"[{index}]")
+                    raise
+        return
+    # Subclasses (IntEnum, StrEnum, OrderedDict...): checked as their base type.
+    for base in (bool, int, float, str, dict, list, tuple):
+        if isinstance(value, base):
+            _check_tree(base(value) if base is not dict else dict(value), depth)
+            return
+
+
+def payload(value: Any, field: str = "data", *, max_bytes: int) -> str:
+    """Serialise ``value`` (a dict) to compact JSON of at most ``max_bytes`` bytes.
+
+    Refuses values that would not come back unchanged: NaN and infinities, floats of
+    1e16 and more, integers of more than 4,300 digits, keys that are not strings,
+    nesting deeper than :data:`MAX_NESTING`, NUL characters and lone surrogates.
+    """
     if value is None:
         return "{}"
     if not isinstance(value, dict):
         raise InvalidJobError(field, f"must be a dict (a JSON object), got {type(value).__name__}")
+    try:
+        _check_tree(value, 0)
+    except _Unstorable as exc:
+        where = "".join(reversed(exc.path))
+        raise InvalidJobError(
+            field, f"{field}{where} {exc.reason}" if where else exc.reason
+        ) from None
     try:
         text = _PAYLOAD_ENCODER.encode(value)
     except (TypeError, ValueError) as exc:
@@ -156,11 +274,10 @@ def payload(value: Any, field: str = "data") -> str:
         raise InvalidJobError(
             field, "must be valid Unicode text (it contains a lone surrogate such as '\\ud800')"
         ) from None
-    limit = conf.get_settings().MAX_PAYLOAD_BYTES
-    if size > limit:
+    if size > max_bytes:
         raise InvalidJobError(
             field,
-            f"is {size} bytes of JSON, over the limit of {limit} "
+            f"is {size} bytes of JSON, over the limit of {max_bytes} "
             "(PGQUEUE['MAX_PAYLOAD_BYTES']); store large content elsewhere and pass a reference",
         )
     return text

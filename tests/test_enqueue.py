@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import importlib
 import time
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta, timezone
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -16,6 +16,7 @@ from django.db import connection, transaction
 from django_pgqueue import InvalidJobError, PgQueueError, enqueue, enqueue_many, job
 from django_pgqueue.enqueue import COPY_PART_ROWS, MAX_DELAY_SECONDS
 from django_pgqueue.models import Job
+from django_pgqueue.validation import EARLIEST_TIME, LATEST_TIME, MAX_NESTING
 from tests.testapp.models import Order
 
 pytestmark = pytest.mark.django_db
@@ -426,6 +427,15 @@ def test_enqueue_many_of_nothing_runs_no_query(django_assert_num_queries):
 
 # -- Rejected input ---------------------------------------------------------------------
 
+
+def nested(levels: int) -> dict[str, Any]:
+    """A dict with ``levels`` levels of dicts and lists, built without recursion."""
+    value: Any = 1
+    for level in range(levels - 1):
+        value = [value] if level % 2 else {"k": value}
+    return {"top": value}
+
+
 # (keyword arguments of enqueue, the field the error names)
 INVALID_ARGUMENTS = [
     pytest.param({"data": [1, 2]}, "data", id="data-list"),
@@ -440,6 +450,25 @@ INVALID_ARGUMENTS = [
     pytest.param({"data": {"k\x00": 1}}, "data", id="data-nul-in-key"),
     pytest.param({"data": {"s": "\\\x00"}}, "data", id="data-nul-after-backslash"),
     pytest.param({"data": {"s": "\ud800"}}, "data", id="data-lone-surrogate"),
+    pytest.param({"data": {"x": 1e16}}, "data", id="data-float-returned-as-int"),
+    pytest.param({"data": {"x": -2.5e300}}, "data", id="data-negative-huge-float"),
+    pytest.param({"data": {"x": 10**5000}}, "data", id="data-int-of-5000-digits"),
+    pytest.param({"data": {1: "int key"}}, "data", id="data-int-key"),
+    pytest.param({"data": {"a": {None: 1}}}, "data", id="data-none-key-nested"),
+    pytest.param({"data": nested(MAX_NESTING + 1)}, "data", id="data-nested-too-deep"),
+    pytest.param({"data": nested(100_000)}, "data", id="data-nested-100000-levels"),
+    pytest.param(
+        {"run_at": datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=14)))},
+        "run_at",
+        id="run_at-before-year-1-in-utc",
+    ),
+    pytest.param(
+        {"run_at": datetime(9999, 12, 31, 23, tzinfo=timezone(timedelta(hours=-14)))},
+        "run_at",
+        id="run_at-after-year-9999-in-utc",
+    ),
+    pytest.param({"run_at": datetime(1, 1, 1, tzinfo=UTC)}, "run_at", id="run_at-year-1"),
+    pytest.param({"run_at": datetime.max.replace(tzinfo=UTC)}, "run_at", id="run_at-max"),
     pytest.param({"priority": -1}, "priority", id="priority-negative"),
     pytest.param({"priority": 1001}, "priority", id="priority-too-high"),
     pytest.param({"priority": "5"}, "priority", id="priority-str"),
@@ -688,3 +717,59 @@ def test_job_ids_are_version_7_uuids_that_grow_with_time():
     assert first.id.version == 7
     assert later.id.version == 7
     assert later.id > first.id
+
+
+@pytest.mark.django_db(transaction=True)
+def test_values_at_the_edges_of_what_is_stored_reach_the_handler_unchanged():
+    from django_pgqueue.worker import Worker
+    from tests.testapp.jobs import ECHOED
+
+    data = {
+        "deep": nested(MAX_NESTING - 1)["top"],  # with data itself: MAX_NESTING levels
+        "largest float kept": 9999999999999998.0,
+        "tiny": 5e-324,
+        "negative zero": -0.0,
+        "big int": 10**4299,
+        "text": "é\U0001f600 \\u0000 as text",
+    }
+    times = [EARLIEST_TIME, datetime(2000, 1, 1, tzinfo=timezone(timedelta(hours=-23)))]
+    jobs = [enqueue("tests.echo", data, run_at=times[0])]
+    jobs += enqueue_many([{"job_type": "tests.echo", "data": data, "run_at": times[1]}])
+    late = enqueue("tests.echo", data, run_at=LATEST_TIME)
+
+    Worker(burst=True, concurrency=1).run()
+
+    for echoed, run_at in zip(jobs, times, strict=True):
+        assert ECHOED[str(echoed.id)] == {"data": data, "run_at": run_at, "queue": "default"}
+    assert Job.objects.get(pk=late.pk).run_at == LATEST_TIME
+
+
+def test_a_run_at_with_an_offset_postgresql_refuses_is_stored_in_utc():
+    odd_offsets = [
+        timedelta(hours=20),
+        timedelta(hours=-15, seconds=-30),
+        timedelta(microseconds=1),
+    ]
+    for offset in odd_offsets:
+        run_at = datetime(2030, 6, 1, 12, tzinfo=timezone(offset))
+        job = enqueue("tests.noop", run_at=run_at)
+        (many,) = enqueue_many([{"job_type": "tests.noop", "run_at": run_at}])
+
+        assert Job.objects.get(pk=job.pk).run_at == run_at
+        assert Job.objects.get(pk=many.pk).run_at == run_at
+
+
+def test_a_payload_nested_too_deep_names_the_limit(assert_rejected):
+    error = assert_rejected(lambda: enqueue("tests.noop", nested(100_000)), "data")
+
+    assert f"nests more than {MAX_NESTING} levels" in str(error)
+
+
+def test_a_time_out_of_range_in_utc_is_rejected_before_writing_in_autocommit(
+    transactional_db, assert_rejected
+):
+    late = datetime(9999, 12, 31, 23, tzinfo=timezone(timedelta(hours=-14)))
+
+    error = assert_rejected(lambda: enqueue("tests.noop", run_at=late, unique_key="k"), "run_at")
+
+    assert "outside the supported range once converted to UTC" in str(error)

@@ -169,7 +169,7 @@ def test_schedule_setting_is_validated_into_schedules(pgqueue_settings):
         ),
         (
             {"x": {"job_type": "tests.noop", "schedule": "* * * * *", "data": {"at": T0}}},
-            r"\['x'\]\['data'\] must be JSON-serialisable",
+            r"\['x'\]\['data'\]: must be JSON-serialisable",
         ),
         ({"": {"job_type": "tests.noop", "schedule": "* * * * *"}}, "keys are schedule names"),
     ],

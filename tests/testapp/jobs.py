@@ -98,3 +98,13 @@ def returns_value(job):
 @job("tests.exits", max_attempts=1)
 def exits(job):
     raise SystemExit(3)
+
+
+#: What ``tests.echo`` saw, by job id: the payload and times its handler was given.
+ECHOED: dict[str, dict] = {}
+
+
+@job("tests.echo", max_attempts=1)
+def echo(job):
+    """Keep what the handler was given, for tests of what round-trips through a worker."""
+    ECHOED[str(job.id)] = {"data": job.data, "run_at": job.run_at, "queue": job.queue}
