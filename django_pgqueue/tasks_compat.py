@@ -2,8 +2,9 @@
 
 Django 6.0+ ships it as ``django.tasks``; on Django 5.2 the ``django-tasks`` backport
 (``pip install "django-pgqueue[tasks]"``) provides it as ``django_tasks``. The two spell a
-few names differently (``InvalidTask`` / ``InvalidTaskError``, ...): everything here has
-the ``django.tasks`` name. Importing this module without either raises ``ImportError``.
+few names differently (``InvalidTask`` / ``InvalidTaskError`` up to 0.12; its later
+code uses Django's names): everything here has the ``django.tasks`` name, whichever
+spelling the installed backport has. Importing this module without either raises ``ImportError``.
 """
 
 from __future__ import annotations
@@ -63,9 +64,13 @@ else:
         Task,
         TaskError,
     )
-    from django_tasks.exceptions import InvalidTaskBackendError as InvalidTaskBackend
-    from django_tasks.exceptions import InvalidTaskError as InvalidTask
     from django_tasks.exceptions import TaskResultDoesNotExist, TaskResultMismatch
+
+    try:  # the backport after 0.12 took Django's names
+        from django_tasks.exceptions import InvalidTask, InvalidTaskBackend
+    except ImportError:  # 0.12 and earlier
+        from django_tasks.exceptions import InvalidTaskBackendError as InvalidTaskBackend
+        from django_tasks.exceptions import InvalidTaskError as InvalidTask
     from django_tasks.signals import task_enqueued, task_finished, task_started
     from django_tasks.utils import normalize_json
 
