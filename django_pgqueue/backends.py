@@ -279,10 +279,9 @@ def _task_of(job: Job, alias: str, task: Task | None = None) -> Task:
         path = job.job_type.removeprefix(TASK_JOB_PREFIX)
         try:
             task = _import_task(path)
-        except ImportError as exc:
-            raise ImportError(
-                f"the task of result {job.id}, {path!r}, cannot be imported: {exc}"
-            ) from exc
+        except Exception:
+            # The result must stay readable: its errors say why the task did not run.
+            task = _stand_in_task(path)
     run_after = job.data.get("run_after")
     return _copy_task(
         task,
@@ -291,6 +290,30 @@ def _task_of(job: Job, alias: str, task: Task | None = None) -> Task:
         run_after=None if run_after is None else datetime.fromisoformat(run_after),
         backend=job.data.get("backend", alias),
     )
+
+
+def _stand_in_task(path: str) -> Task:
+    """A Task named ``path`` for the result of a task that does not import here.
+
+    Built without validation, like ``_copy_task``: Django would refuse a task whose
+    function cannot be imported, which is what this one stands for. Calling it raises.
+    """
+
+    def unavailable(*args: Any, **kwargs: Any) -> Any:
+        raise ImportError(f"the task {path!r} cannot be imported in this process")
+
+    module, _, name = path.rpartition(".")
+    unavailable.__module__, unavailable.__name__, unavailable.__qualname__ = module, name, name
+    task = object.__new__(Task)
+    for field in dataclasses.fields(Task):
+        if field.name == "func":
+            value: Any = unavailable
+        elif field.default is not dataclasses.MISSING:
+            value = field.default
+        else:
+            value = None
+        object.__setattr__(task, field.name, value)
+    return task
 
 
 def _result_of(job: Job, alias: str, *, task: Task | None = None) -> TaskResult:
@@ -360,20 +383,27 @@ def _exception_class_path(job: Job) -> str:
 def resolve_task_job(job_type: str) -> JobDefinition | None:
     """The definition that runs task jobs of ``job_type`` (``"task:<dotted path>"``).
 
-    ``None`` when the path does not import to a Task here (the worker then fails the job
-    as having no handler). Never raises: the worker calls it for every job it starts.
+    A path that does not import here (a missing module, a module that fails to import,
+    a name that is not a Task) still gets a definition: running it raises that real
+    error, so the job's attempt fails with it and its traceback, is retried like any
+    failure (the next attempt may reach a worker that has the code), and the
+    ``TaskResult`` shows it. Never raises: the worker calls it for every job it starts.
     """
     path = job_type.removeprefix(TASK_JOB_PREFIX)
     try:
         task = _import_task(path)
     except Exception:
-        logger.warning("cannot run task jobs of type %r", job_type, exc_info=True)
-        return None
+        logger.warning("cannot import the task of job type %r", job_type, exc_info=True)
+        return _task_definition(job_type, timeout=None)
     timeout = None
     with contextlib.suppress(Exception):  # a broken TASKS entry must not stop the worker
         backend = task_backends[task.backend]
         if isinstance(backend, PgQueueBackend):
             timeout = backend.timeout
+    return _task_definition(job_type, timeout=timeout)
+
+
+def _task_definition(job_type: str, *, timeout: float | None) -> JobDefinition:
     return JobDefinition(
         run_task_job,
         job_type=job_type,

@@ -24,6 +24,7 @@ from django_pgqueue.tasks_compat import (
     InvalidTask,
     InvalidTaskBackend,
     TaskResultStatus,
+    default_task_backend,
     task,
     task_backends,
     task_finished,
@@ -328,7 +329,7 @@ def test_a_cancelled_task_reads_as_failed_without_errors():
     assert result.finished_at is not None
 
 
-def test_a_task_the_worker_cannot_import_fails_its_job(make_job):
+def test_a_task_the_worker_cannot_import_fails_its_job_with_the_real_error(make_job):
     job = make_job(
         job_type="task:tests.testapp.tasks.does_not_exist",
         data={"args": [], "kwargs": {}, "backend": "default"},
@@ -337,7 +338,47 @@ def test_a_task_the_worker_cannot_import_fails_its_job(make_job):
     run_due()
     job.refresh_from_db()
     assert job.status == JobStatus.FAILED
-    assert "no handler is registered" in job.last_error
+    assert job.last_error.startswith("ImportError: ")
+    assert 'does not define a "does_not_exist"' in job.last_error
+    assert "import_string" in job.last_traceback
+
+
+def test_a_task_whose_module_fails_to_import_keeps_that_error_on_its_job_and_result(make_job):
+    job = make_job(
+        job_type="task:tests.testapp.broken_tasks.send_report",
+        data={"args": [1], "kwargs": {}, "backend": "default"},
+        max_attempts=1,
+    )
+    run_due()
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED
+    assert job.last_error == (
+        "ModuleNotFoundError: No module named 'a_dependency_that_is_not_installed'"
+    )
+    assert "broken_tasks.py" in job.last_traceback
+
+    result = default_task_backend.get_result(str(job.id))
+
+    assert result.status == TaskResultStatus.FAILED
+    assert result.task.module_path == "tests.testapp.broken_tasks.send_report"
+    assert result.args == [1]
+    (error,) = result.errors
+    assert error.exception_class_path == "builtins.ModuleNotFoundError"
+    assert "a_dependency_that_is_not_installed" in error.traceback
+    assert "broken_tasks.py" in error.traceback
+
+
+def test_a_task_that_cannot_be_imported_is_retried_like_any_failure(make_job):
+    job = make_job(
+        job_type="task:no.such.module.task",
+        data={"args": [], "kwargs": {}, "backend": "default"},
+        max_attempts=3,
+    )
+    run_due()
+    job.refresh_from_db()
+    assert job.status == JobStatus.PENDING
+    assert job.attempts == 1
+    assert job.last_error == "ModuleNotFoundError: No module named 'no'"
 
 
 # -- registry, options and checks ---------------------------------------------------------
@@ -348,9 +389,22 @@ def test_the_registry_resolves_task_job_types():
     assert definition is not None
     assert definition.job_type == "task:tests.testapp.tasks.add"
     assert registry.get_definition("task:tests.testapp.tasks.add").job_type == definition.job_type
-    assert registry.find_definition("task:tests.testapp.tasks.Execution") is None
-    assert registry.find_definition("task:no.such.module") is None
     assert "task:tests.testapp.tasks.add" not in registry.registered_job_types()
+
+
+@pytest.mark.parametrize(
+    ("job_type", "error"),
+    [
+        ("task:tests.testapp.tasks.Execution", InvalidTask),  # not a Task
+        ("task:no.such.module", ModuleNotFoundError),
+    ],
+)
+def test_a_task_job_type_that_does_not_import_runs_into_its_real_error(job_type, error):
+    definition = registry.find_definition(job_type)
+
+    assert definition is not None
+    with pytest.raises(error):
+        definition(Job(job_type=job_type, data={"args": [], "kwargs": {}}))
 
 
 def test_job_types_starting_with_task_are_reserved(clean_registry):
