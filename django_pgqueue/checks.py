@@ -131,3 +131,24 @@ def check_job_type_limits(app_configs: Any = None, **kwargs: Any) -> list[CheckM
         for job_type in settings_.JOB_TYPE_LIMITS
         if registry.find_definition(job_type) is None
     ]
+
+
+@register(Tags.compatibility)
+def check_handlers(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Every registered handler is one a worker can run (not async, not a generator, and
+    taking the job), also when it was swapped after ``@job`` checked it."""
+    from . import registry
+
+    errors: list[CheckMessage] = []
+    for job_type in registry.registered_job_types():
+        definition = registry.find_definition(job_type)
+        problem = None if definition is None else registry.why_it_cannot_run(definition.func)
+        if problem is not None:
+            errors.append(
+                Error(
+                    f"the handler of job type {job_type!r} {problem.partition('. ')[0]}",
+                    hint=problem.partition(". ")[2] or None,
+                    id="django_pgqueue.E401",
+                )
+            )
+    return errors

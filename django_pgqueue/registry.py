@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, overload
+
+from asgiref.sync import iscoroutinefunction
 
 from . import validation
 from .backoff import Backoff
@@ -120,8 +123,47 @@ def register_resolver(prefix: str, resolver: Resolver) -> None:
         _resolvers[prefix] = resolver
 
 
+def why_it_cannot_run(func: Callable[..., Any]) -> str | None:
+    """Why a worker could not run ``func`` as a handler, or ``None`` when it can.
+
+    An ``async def`` function or a generator function returns without running its body:
+    a worker would record the job completed although nothing ran. A handler must also
+    take the job as its one positional argument.
+    """
+    plain = inspect.isroutine(func) or isinstance(func, functools.partial)
+    # A callable instance runs its class's __call__.
+    target = func if plain or not callable(func) else type(func).__call__
+    if iscoroutinefunction(func) or iscoroutinefunction(target):
+        return (
+            "is an async function, and workers run handlers synchronously: its body would "
+            "never run. Define it with def, e.g. calling your coroutine through "
+            "asgiref.sync.async_to_sync(...)(...)"
+        )
+    if inspect.isasyncgenfunction(target) or inspect.isgeneratorfunction(target):
+        return (
+            "is a generator function: calling it runs none of its body. Use return instead of yield"
+        )
+    try:
+        inspect.signature(func).bind(None)
+    except TypeError:
+        return "must take the job as its one positional argument: def handler(job): ..."
+    except ValueError:
+        pass  # no signature to read (some builtins): let it run
+    return None
+
+
 def register(definition: JobDefinition) -> JobDefinition:
-    """Add ``definition``; re-registering the same function (a module reload) is allowed."""
+    """Add ``definition``; re-registering the same function (a module reload) is allowed.
+
+    Raises :class:`JobRegistrationError` for a handler a worker could not run (see
+    :func:`why_it_cannot_run`), or a job type that is taken or reserved.
+    """
+    problem = why_it_cannot_run(definition.func)
+    if problem is not None:
+        raise JobRegistrationError(
+            f"the handler {_qualified(definition.func)} of job type {definition.job_type!r} "
+            f"{problem}"
+        )
     reserved = next((p for p in _resolvers if definition.job_type.startswith(p)), None)
     if reserved is not None:
         raise JobRegistrationError(
@@ -173,7 +215,9 @@ def registered_job_types() -> list[str]:
 
 
 def _qualified(func: Callable[..., Any]) -> str:
-    return f"{func.__module__}.{func.__qualname__}"
+    module = getattr(func, "__module__", None) or type(func).__module__
+    name = getattr(func, "__qualname__", None) or type(func).__qualname__
+    return f"{module}.{name}"
 
 
 def _check_concurrency(value: Any) -> None:

@@ -224,3 +224,77 @@ def test_handlers_in_installed_apps_jobs_modules_are_autodiscovered():
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["tests.testapp.jobs", "150"]
+
+
+# -- handlers a worker could not run ----------------------------------------------------
+
+
+async def async_handler(job):
+    raise AssertionError("never awaited")
+
+
+def generator_handler(job):
+    yield job
+
+
+async def async_generator_handler(job):
+    yield job
+
+
+def handler_without_the_job():
+    pass
+
+
+class AsyncCallable:
+    async def __call__(self, job):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("handler", "message"),
+    [
+        pytest.param(async_handler, "is an async function", id="async-def"),
+        pytest.param(AsyncCallable(), "is an async function", id="async-call"),
+        pytest.param(generator_handler, "is a generator function", id="generator"),
+        pytest.param(async_generator_handler, "is a generator function", id="async-generator"),
+        pytest.param(handler_without_the_job, "must take the job", id="no-argument"),
+    ],
+)
+def test_a_handler_a_worker_could_not_run_is_rejected_when_decorating(handler, message):
+    with pytest.raises(JobRegistrationError, match=message):
+        job("tests.registry.cannot_run")(handler)
+
+    assert registry.find_definition("tests.registry.cannot_run") is None
+
+
+def test_an_async_handler_rejection_says_how_to_call_a_coroutine():
+    with pytest.raises(JobRegistrationError) as excinfo:
+        job(async_handler)
+
+    assert "tests.test_registry.async_handler" in str(excinfo.value)
+    assert "async_to_sync" in str(excinfo.value)
+
+
+def test_handlers_with_a_default_or_keyword_arguments_are_accepted():
+    def with_default(job, retries=3):
+        pass
+
+    def with_varargs(*args, **kwargs):
+        pass
+
+    assert job("tests.registry.default")(with_default).func is with_default
+    assert job("tests.registry.varargs")(with_varargs).func is with_varargs
+
+
+def test_the_system_check_reports_a_handler_swapped_for_an_async_one():
+    from django_pgqueue.checks import check_handlers
+
+    definition = job("tests.registry.swapped")(send_welcome)
+    assert check_handlers() == []
+    definition.func = async_handler
+
+    (error,) = check_handlers()
+
+    assert error.id == "django_pgqueue.E401"
+    assert "'tests.registry.swapped' is an async function" in error.msg
+    assert "async_to_sync" in error.hint
