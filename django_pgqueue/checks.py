@@ -19,7 +19,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     from . import conf
 
     try:
-        alias = conf.get_settings().DATABASE
+        alias = conf.jobs_database()
     except SettingsError as exc:
         return [Error(str(exc), id="django_pgqueue.E001")]
     if alias not in settings.DATABASES:
@@ -51,7 +51,7 @@ def check_server_version(
     from . import conf
 
     try:
-        alias = conf.get_settings().DATABASE
+        alias = conf.jobs_database()
     except SettingsError:
         return []  # reported by check_settings
     if not databases or alias not in databases:
