@@ -166,13 +166,16 @@ class JobsDatabaseManager(models.Manager[_M]):
     """
 
     def get_queryset(self) -> models.QuerySet[_M]:
-        # Built with the alias, not .using()'d afterwards: one queryset, no clone.
-        return self._queryset_class(model=self.model, using=self.db, hints=self._hints)
+        queryset = super().get_queryset()
+        # _db is the alias a caller chose with db_manager() (Django's docs on managers
+        # and multiple databases name it); the queryset already has it.
+        return queryset if self._db is not None else queryset.using(self.db)
 
     @property
     def db(self) -> str:
         if self._db is not None:
             return self._db
+        # Related managers carry their instance as a hint, as Django's own db does.
         state = getattr(self._hints.get("instance"), "_state", None)
         return conf.jobs_database(getattr(state, "db", None))
 
