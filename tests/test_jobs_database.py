@@ -92,6 +92,15 @@ def test_enqueued_jobs_are_found_by_the_orm():
     assert rows_in("default") == {}
 
 
+def test_a_job_enqueued_with_using_stays_in_that_database():
+    job = enqueue("tests.noop", using="default")
+
+    assert job.cancel() is True
+
+    assert Job.objects.using("default").get(pk=job.pk).status == JobStatus.CANCELLED
+    assert not Job.objects.exists()  # nothing in the jobs database
+
+
 def test_enqueue_many_writes_plain_and_unique_jobs_to_the_jobs_database():
     plain = enqueue_many([{"job_type": "tests.noop"}] * 3)
     unique = enqueue_many([{"job_type": "tests.noop", "unique_key": "k"}])
@@ -164,6 +173,7 @@ def test_progress_of_a_running_job_is_written_with_its_event(make_job):
     assert (in_jobs(job).progress, in_jobs(job).current_stage) == (40, "halfway")
     assert list(job.events.values_list("progress", "stage")) == [(40, "halfway")]
     assert JobEvent.objects.using(JOBS).filter(job_id=job.pk).count() == 1
+    assert JobEvent.objects.get().job == job
     assert rows_in("default") == {}
 
 
