@@ -18,7 +18,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db import connections, router, transaction
+from django.db import connections, transaction
 from django.db.models import Count, Min, Q, QuerySet
 from django.http import (
     HttpRequest,
@@ -107,7 +107,7 @@ def recent_values(column: str) -> list[str]:
     """Distinct values of ``column`` among the newest jobs (an index scan, bounded)."""
     if column not in ("queue", "job_type"):  # interpolated below: never user input
         raise ValueError(f"not a filterable column: {column!r}")
-    with connections[Job.objects.db].cursor() as cursor:
+    with connections[conf.jobs_database()].cursor() as cursor:
         cursor.execute(
             f"SELECT DISTINCT {column} FROM (SELECT {column} FROM pgqueue_jobs"
             " ORDER BY created_at DESC, id DESC LIMIT %s) AS recent",
@@ -538,7 +538,7 @@ class JobAdmin(admin.ModelAdmin):
     @admin.action(permissions=["retry"], description=gettext_lazy("Cancel selected jobs"))
     def cancel_jobs(self, request: HttpRequest, queryset: JobQuerySet) -> None:
         selected = queryset.count()
-        with transaction.atomic(using=router.db_for_write(Job)):
+        with transaction.atomic(using=queryset.db):
             cancelled = queryset.filter(status=JobStatus.PENDING).cancel()
             asked = queryset.filter(status__in=IN_FLIGHT, cancel_requested_at__isnull=True).cancel()
         changed = cancelled + asked
@@ -679,16 +679,15 @@ class JobAdmin(admin.ModelAdmin):
             validation.queue(queue)
         except InvalidArgumentError:
             return HttpResponse(status=404)
-        using = router.db_for_write(Job)
         if action == "pause":
-            changed = pause_queue(queue, using=using)
+            changed = pause_queue(queue)
             message = (
                 _("Queue “%s” paused: workers claim none of its jobs until it is resumed.")
                 if changed
                 else _("Queue “%s” was already paused.")
             )
         elif action == "resume":
-            changed = resume_queue(queue, using=using)
+            changed = resume_queue(queue)
             message = (
                 _("Queue “%s” resumed: workers claim its jobs again.")
                 if changed
@@ -817,8 +816,7 @@ def _with_queue_states(
 
     Paused or limited queues without jobs get an empty row, so they can be resumed here.
     """
-    using = router.db_for_write(Job)
-    paused, limits = paused_since(using), queue_limits(using)
+    paused, limits = paused_since(), queue_limits()
     present = {row["queue"] for row in rows}
     rows = sorted(
         [*rows, *({"queue": name} for name in {*paused, *limits} - present)],

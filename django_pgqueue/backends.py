@@ -134,7 +134,7 @@ class PgQueueBackend(BaseTaskBackend):
     @property
     def database(self) -> str:
         """The database alias of the jobs table."""
-        return self._database or conf.get_settings().DATABASE
+        return conf.jobs_database(self._database)
 
     def validate_task(self, task: Task) -> None:
         """Django's checks, a ``timedelta`` ``run_after``, and our limits on names."""

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from django.apps import apps
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
-from django.db import connections
+from django.db import connections, router
 
 from .exceptions import SettingsError
 
@@ -19,7 +20,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     from . import conf
 
     try:
-        alias = conf.get_settings().DATABASE
+        alias = conf.jobs_database()
     except SettingsError as exc:
         return [Error(str(exc), id="django_pgqueue.E001")]
     if alias not in settings.DATABASES:
@@ -44,6 +45,48 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     return []
 
 
+@register(Tags.compatibility)
+def check_routing(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """With the jobs outside ``default``, the database router agrees on where they are.
+
+    The app itself never asks the router, but ``migrate`` does (where to create the
+    tables), and so may other code. Only checked off ``default``: there a router that
+    sends reads elsewhere (a replica) is harmless and common.
+    """
+    from . import conf
+
+    try:
+        alias = conf.jobs_database()
+    except SettingsError:
+        return []  # reported by check_settings
+    if alias == "default" or alias not in settings.DATABASES:
+        return []
+    if connections[alias].vendor != "postgresql":
+        return []  # reported by check_settings
+    misrouted = [
+        f"{way} of {model._meta.label} to {db!r}"
+        for model in apps.get_app_config("django_pgqueue").get_models()
+        for way, db in (
+            ("reads", router.db_for_read(model)),
+            ("writes", router.db_for_write(model)),
+        )
+        if db != alias
+    ]
+    if not misrouted:
+        return []
+    more = f" (and {len(misrouted) - 1} more)" if len(misrouted) > 1 else ""
+    return [
+        Warning(
+            f"PGQUEUE['DATABASE'] is {alias!r}, but the database router sends {misrouted[0]}{more}",
+            hint="Add 'django_pgqueue.routers.JobsRouter' to DATABASE_ROUTERS (before any "
+            "router that routes every model), or make your router send the models of "
+            f"django_pgqueue to {alias!r}: migrate creates their tables where the router "
+            "allows.",
+            id="django_pgqueue.W005",
+        )
+    ]
+
+
 @register(Tags.database)
 def check_server_version(
     app_configs: Any = None, databases: Sequence[str] | None = None, **kwargs: Any
@@ -51,7 +94,7 @@ def check_server_version(
     from . import conf
 
     try:
-        alias = conf.get_settings().DATABASE
+        alias = conf.jobs_database()
     except SettingsError:
         return []  # reported by check_settings
     if not databases or alias not in databases:

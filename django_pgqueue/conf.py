@@ -212,6 +212,18 @@ def get_settings() -> PgQueueSettings:
     return _validate(raw)
 
 
+def jobs_database(using: str | None = None) -> str:
+    """The alias of the database that holds the jobs: ``using`` when the caller chose
+    one, else ``PGQUEUE["DATABASE"]``.
+
+    The one rule for it: the models' managers and instance methods, enqueue, the
+    worker, stats, the admin, the commands and the Tasks backend all ask here, never
+    the database router (``routers.JobsRouter`` makes the router agree). Cheap enough
+    for ``enqueue``: the settings are cached.
+    """
+    return using or get_settings().DATABASE
+
+
 @receiver(setting_changed)
 def _reset_cache(*, setting: str, **kwargs: Any) -> None:
     if setting == "PGQUEUE":

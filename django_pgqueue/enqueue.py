@@ -703,7 +703,7 @@ def enqueue(
         unique_key=unique_key,
     )
     settings = conf.get_settings()
-    alias = using or settings.DATABASE
+    alias = conf.jobs_database(using)
     if row.unique_key is not None:
         return _enqueue_unique(row, on_duplicate, alias)
     db = connections[alias]
@@ -770,7 +770,7 @@ def enqueue_many(
     rows = list(itertools.islice(prepared, COPY_PART_ROWS))
     if not rows:
         return []
-    alias = using or conf.get_settings().DATABASE
+    alias = conf.jobs_database(using)
     if not any(row.unique_key is not None for row in rows):
         try:
             jobs = _insert_plain_many(rows, prepared, alias)

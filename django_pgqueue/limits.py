@@ -48,7 +48,7 @@ def declared_limits() -> dict[LimitKey, int]:
 
 def stored_limits(using: str | None = None) -> dict[LimitKey, int]:
     """The limits ``claim_job_batch`` enforces now (the rows of ``pgqueue_limits``)."""
-    alias = using or conf.get_settings().DATABASE
+    alias = conf.jobs_database(using)
     with connections[alias].cursor() as cursor:
         cursor.execute("SELECT scope, name, max_running FROM pgqueue_limits ORDER BY 1, 2")
         return {(scope, name): limit for scope, name, limit in cursor.fetchall()}
@@ -61,7 +61,7 @@ def sync_declared_limits(using: str | None = None) -> None:
     written when the table already matches. Workers call it when they start. Jobs already
     claimed or running are never stopped: a lowered limit takes effect as they finish.
     """
-    alias = using or conf.get_settings().DATABASE
+    alias = conf.jobs_database(using)
     declared = declared_limits()
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [_SYNC_LOCK_KEY])

@@ -62,7 +62,7 @@ class QueueCollector(Collector):
         self.close_connection = close_connection
 
     def collect(self) -> Iterator[Metric]:
-        alias = self.using or conf.get_settings().DATABASE
+        alias = conf.jobs_database(self.using)
         up = GaugeMetricFamily(
             "pgqueue_stats_up", "1 if the queue statistics were read from the database, else 0"
         )

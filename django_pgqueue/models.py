@@ -6,10 +6,10 @@ import functools
 import logging
 import operator
 from collections.abc import Sequence
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from django.contrib.postgres.functions import RandomUUID
-from django.db import IntegrityError, connections, models, router, transaction
+from django.db import IntegrityError, connections, models, transaction
 from django.db.models import Exists, OuterRef, Q, Value
 from django.db.models.base import ModelState
 from django.db.models.functions import Now
@@ -141,7 +141,7 @@ def _queues_of(jobs: models.QuerySet[Job]) -> list[str]:
 
 
 def _write_db(jobs: models.QuerySet[Job]) -> str:
-    return jobs._db or router.db_for_write(jobs.model)
+    return conf.jobs_database(jobs._db)
 
 
 def _notify(using: str, queues: list[str]) -> None:
@@ -156,7 +156,64 @@ def _notify(using: str, queues: list[str]) -> None:
         )
 
 
-class Job(models.Model):
+_M = TypeVar("_M", bound=models.Model)
+
+
+class JobsDatabaseManager(models.Manager[_M]):
+    """Querysets on the jobs database (``conf.jobs_database()``), not the router's choice.
+
+    A caller's ``using()`` or ``db_manager()`` wins, and so does the database of the
+    instance a related manager starts from (``job.events``), as in Django's own routing.
+    """
+
+    def get_queryset(self) -> models.QuerySet[_M]:
+        queryset = super().get_queryset()
+        # _db is the alias a caller chose with db_manager() (Django's docs on managers
+        # and multiple databases name it); the queryset already has it.
+        return queryset if self._db is not None else queryset.using(self.db)
+
+    @property
+    def db(self) -> str:
+        if self._db is not None:
+            return self._db
+        # Related managers carry their instance as a hint, as Django's own db does.
+        state = getattr(self._hints.get("instance"), "_state", None)
+        return conf.jobs_database(getattr(state, "db", None))
+
+
+#: ``Job.objects``: the transitions of ``JobQuerySet`` on the jobs database.
+JobManager = JobsDatabaseManager.from_queryset(JobQuerySet)
+
+
+class JobsDatabaseModel(models.Model):
+    """A model of the jobs database: an instance is saved, deleted and reloaded where it
+    was loaded from, a new one in ``conf.jobs_database()``; the router is not asked."""
+
+    objects: ClassVar[models.Manager[Any]] = JobsDatabaseManager()
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args: Any, using: str | None = None, **kwargs: Any) -> None:
+        super().save(*args, using=conf.jobs_database(using or self._state.db), **kwargs)
+
+    def delete(self, using: str | None = None, keep_parents: bool = False) -> tuple[int, Any]:
+        return super().delete(
+            using=conf.jobs_database(using or self._state.db), keep_parents=keep_parents
+        )
+
+    def refresh_from_db(
+        self,
+        using: str | None = None,
+        fields: Sequence[str] | None = None,
+        from_queryset: models.QuerySet[Any] | None = None,
+    ) -> None:
+        if from_queryset is None:
+            using = conf.jobs_database(using or self._state.db)
+        super().refresh_from_db(using=using, fields=fields, from_queryset=from_queryset)
+
+
+class Job(JobsDatabaseModel):
     """A unit of background work.
 
     Create jobs with :func:`django_pgqueue.enqueue`, not ``Job.objects.create``: enqueue
@@ -195,7 +252,7 @@ class Job(models.Model):
         max_length=conf.UNIQUE_KEY_MAX_LENGTH, null=True, blank=True
     )
 
-    objects: ClassVar[JobQuerySet] = JobQuerySet.as_manager()  # type: ignore[assignment]
+    objects: ClassVar[JobQuerySet] = JobManager()  # type: ignore[assignment]
 
     class Meta:
         db_table = "pgqueue_jobs"
@@ -303,7 +360,7 @@ class Job(models.Model):
         """
         if self._cancel_event is not None:
             return self._cancel_event.is_set()
-        return Job.objects.filter(pk=self.pk, cancel_requested_at__isnull=False).exists()
+        return self._this_job().filter(cancel_requested_at__isnull=False).exists()
 
     def raise_if_cancel_requested(self) -> None:
         """Raise :class:`~django_pgqueue.exceptions.JobCancelled` if cancellation was asked."""
@@ -312,11 +369,15 @@ class Job(models.Model):
 
     def cancel(self) -> bool:
         """Cancel this job (see :meth:`JobQuerySet.cancel`); True if anything changed."""
-        return Job.objects.filter(pk=self.pk).cancel() > 0
+        return self._this_job().cancel() > 0
 
     def retry(self) -> bool:
         """Put this failed or cancelled job back to pending; True if it was eligible."""
-        return Job.objects.filter(pk=self.pk).retry() > 0
+        return self._this_job().retry() > 0
+
+    def _this_job(self) -> JobQuerySet:
+        """This job's row, in the database the job was loaded from (else the jobs one)."""
+        return Job.objects.using(conf.jobs_database(self._state.db)).filter(pk=self.pk)
 
     @classmethod
     def from_row(cls, columns: list[str], row: tuple[Any, ...], using: str) -> Job:
@@ -437,7 +498,7 @@ def _runs_init_signals(model: type[models.Model]) -> bool:
 _json_field = models.JSONField()
 
 
-class JobEvent(models.Model):
+class JobEvent(JobsDatabaseModel):
     """One ``Job.set_progress`` call: the progress and stage it recorded, and when.
 
     Written by the same statement as the progress itself. Only recent events are kept:
@@ -471,7 +532,7 @@ class JobEvent(models.Model):
         return f"{self.job_id} {self.progress}% {self.stage}".rstrip()
 
 
-class WorkerRecord(models.Model):
+class WorkerRecord(JobsDatabaseModel):
     """A worker process, as it last reported itself (one row per worker start)."""
 
     worker_id = models.CharField(max_length=255, primary_key=True)
@@ -494,7 +555,7 @@ class WorkerRecord(models.Model):
         return self.worker_id
 
 
-class QueueState(models.Model):
+class QueueState(JobsDatabaseModel):
     """Runtime state of a queue that someone changed: a paused queue is not claimed.
 
     A queue with no row here is active; rows appear when a queue is first paused.
@@ -519,7 +580,7 @@ class LimitScope(models.TextChoices):
     JOB_TYPE = "job_type", _("Job type")
 
 
-class ConcurrencyLimit(models.Model):
+class ConcurrencyLimit(JobsDatabaseModel):
     """At most ``max_running`` jobs of a queue or job type claimed or running at once,
     across all workers; ``claim_job_batch`` enforces it.
 
@@ -550,7 +611,7 @@ class ConcurrencyLimit(models.Model):
         return f"{self.scope} {self.name}: {self.max_running}"
 
 
-class PeriodicTick(models.Model):
+class PeriodicTick(JobsDatabaseModel):
     """The last tick of a periodic job that was enqueued: the row that makes each tick
     enqueue exactly once, whichever worker gets there first."""
 

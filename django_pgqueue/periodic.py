@@ -302,7 +302,7 @@ def enqueue_due_ticks(*, now: datetime | None = None, using: str | None = None) 
     if not found:
         return []
     now = validation.aware_datetime(now, "now") if now is not None else django_timezone.now()
-    alias = using or conf.get_settings().DATABASE
+    alias = conf.jobs_database(using)
     connection = connections[alias]
     with connection.cursor() as cursor:
         cursor.execute(_STORED, [[schedule.name for schedule in found]])

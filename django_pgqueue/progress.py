@@ -48,7 +48,7 @@ def write_progress(job: Job, percent: int, stage: str | None) -> bool:
     Returns False (and writes nothing) when the job is no longer claimed or running by
     the worker recorded on ``job``.
     """
-    alias = job._state.db or conf.get_settings().DATABASE
+    alias = conf.jobs_database(job._state.db)
     params = (percent, stage, job.pk, job.worker_id, job.attempts)
     connection = connections[alias]
     if connection.in_atomic_block:

@@ -65,7 +65,7 @@ def prune_jobs(
         raise ValueError(f"statuses must be among {list(FINISHED_STATUSES)}, got {statuses!r}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size!r}")
-    alias = using or conf.get_settings().DATABASE
+    alias = conf.jobs_database(using)
     statuses = list(statuses)
     with connections[alias].cursor() as cursor:
         if dry_run:

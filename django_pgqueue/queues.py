@@ -23,17 +23,13 @@ from .models import LimitScope, _notify
 logger = logging.getLogger("django_pgqueue.queues")
 
 
-def _alias(using: str | None) -> str:
-    return using or conf.get_settings().DATABASE
-
-
 def pause_queue(name: str, *, using: str | None = None) -> bool:
     """Stop workers from claiming jobs of queue ``name``; True if it was not paused.
 
     The queue need not have jobs yet. Running jobs are not interrupted.
     """
     validation.queue(name)
-    alias = _alias(using)
+    alias = conf.jobs_database(using)
     with connections[alias].cursor() as cursor:
         cursor.execute(
             "INSERT INTO pgqueue_queues (name, paused_at, updated_at) VALUES (%s, now(), now()) "
@@ -54,7 +50,7 @@ def resume_queue(name: str, *, using: str | None = None) -> bool:
     is on) once the caller's transaction commits, so its due jobs start at once.
     """
     validation.queue(name)
-    alias = _alias(using)
+    alias = conf.jobs_database(using)
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
         cursor.execute(
             "UPDATE pgqueue_queues SET paused_at = NULL, updated_at = now() "
@@ -76,7 +72,7 @@ def paused_queues(using: str | None = None) -> list[str]:
 
 def paused_since(using: str | None = None) -> dict[str, datetime]:
     """When each paused queue was paused."""
-    with connections[_alias(using)].cursor() as cursor:
+    with connections[conf.jobs_database(using)].cursor() as cursor:
         cursor.execute("SELECT name, paused_at FROM pgqueue_queues WHERE paused_at IS NOT NULL")
         return dict(cursor.fetchall())
 
@@ -85,7 +81,7 @@ def queue_limits(using: str | None = None) -> dict[str, int]:
     """The concurrency limit of each limited queue, as workers enforce it now."""
     return {
         name: limit
-        for (scope, name), limit in stored_limits(_alias(using)).items()
+        for (scope, name), limit in stored_limits(conf.jobs_database(using)).items()
         if scope == LimitScope.QUEUE
     }
 
@@ -120,7 +116,7 @@ def describe_queues(using: str | None = None) -> list[QueueInfo]:
     queues, limited queues, the default queue and the queues of registered job types.
     Finished jobs are not read, so this stays cheap on a large table.
     """
-    alias = _alias(using)
+    alias = conf.jobs_database(using)
     with connections[alias].cursor() as cursor:
         cursor.execute(
             "SELECT queue, count(*) FILTER (WHERE status = 'pending'), "

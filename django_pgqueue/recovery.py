@@ -49,7 +49,7 @@ def recover_stale_jobs(
     seconds = settings.STALE_AFTER if stale_after is None else stale_after
     if not math.isfinite(seconds) or seconds <= 0:
         raise ValueError(f"stale_after must be a positive number of seconds, got {seconds!r}")
-    with connections[using or settings.DATABASE].cursor() as cursor:
+    with connections[conf.jobs_database(using)].cursor() as cursor:
         cursor.execute(_PREVIEW_STALE if dry_run else _RECOVER, [seconds])
         recovered = [RecoveredJob(*row) for row in cursor.fetchall()]
     if not dry_run:

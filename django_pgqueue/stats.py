@@ -166,7 +166,7 @@ def snapshot(*, using: str | None = None, failed_total: bool = False) -> Snapsho
     name. ``failed_total=True`` also counts every ``failed`` job: no index serves that
     count, so it reads all finished rows; leave it off for frequent polling.
     """
-    alias = using or conf.get_settings().DATABASE
+    alias = conf.jobs_database(using)
     params = {"window": WINDOW_SECONDS}
     queues: dict[str, dict[str, Any]] = defaultdict(dict)
     held_by_worker: dict[str, int] = defaultdict(int)

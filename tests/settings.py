@@ -1,5 +1,6 @@
 """Settings for the test suite: a real PostgreSQL from ``DATABASE_URL``."""
 
+import copy
 import json
 import os
 
@@ -27,6 +28,11 @@ DATABASES["default"]["TEST"] = {"NAME": env.str("PGQUEUE_TEST_DB_NAME", "test_pg
 # run): CI runs the suite on the system PostgreSQL with them.
 if env.bool("PGQUEUE_TEST_PREPARED", default=False):
     DATABASES["default"]["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 5}
+# A second alias on the same server, with a test database of its own, for the tests of
+# PGQUEUE["DATABASE"] = "jobs" (tests/test_jobs_database.py). Tests reach it only when
+# they ask for it (``django_db(databases=[...])``), so the others run as before.
+DATABASES["jobs"] = copy.deepcopy(DATABASES["default"])
+DATABASES["jobs"]["TEST"] = {"NAME": DATABASES["default"]["TEST"]["NAME"] + "_jobs"}
 # Worker processes of tests/faults/ behind PgBouncer: a direct alias to LISTEN on.
 if "PGQUEUE_TEST_DIRECT_URL" in env:
     DATABASES["direct"] = env.db_url("PGQUEUE_TEST_DIRECT_URL")

@@ -6,7 +6,7 @@ import contextlib
 
 import pytest
 from django.conf import settings
-from django.core.checks import run_checks
+from django.core.checks import WARNING, run_checks
 from django.db import connections
 
 
@@ -98,3 +98,57 @@ def test_server_older_than_13_is_error_e004(monkeypatch):
 
     assert error.id == "django_pgqueue.E004"
     assert "12.11" in error.msg
+
+
+class EverythingToDefault:
+    """A router that claims every model for ``default``, as project routers often do."""
+
+    def db_for_read(self, model, **hints):
+        return "default"
+
+    def db_for_write(self, model, **hints):
+        return "default"
+
+
+class ReadsToReplica:
+    """A read-replica router: reads of every model go to ``replica``."""
+
+    def db_for_read(self, model, **hints):
+        return "replica"
+
+
+JOBS_ROUTER = "django_pgqueue.routers.JobsRouter"
+
+
+def test_jobs_outside_default_without_a_router_is_warning_w005(pgqueue_settings):
+    pgqueue_settings(DATABASE="jobs")
+
+    (warning,) = pgqueue_messages()
+
+    assert warning.id == "django_pgqueue.W005"
+    assert warning.level == WARNING
+    assert "PGQUEUE['DATABASE'] is 'jobs'" in warning.msg
+    assert "django_pgqueue.Job to 'default'" in warning.msg
+    assert JOBS_ROUTER in warning.hint
+
+
+def test_jobs_router_silences_w005(pgqueue_settings, settings):
+    pgqueue_settings(DATABASE="jobs")
+    settings.DATABASE_ROUTERS = [JOBS_ROUTER]
+
+    assert pgqueue_messages() == []
+
+
+def test_a_router_that_claims_the_jobs_first_is_warning_w005(pgqueue_settings, settings):
+    pgqueue_settings(DATABASE="jobs")
+    settings.DATABASE_ROUTERS = [f"{__name__}.EverythingToDefault", JOBS_ROUTER]
+
+    (warning,) = pgqueue_messages()
+
+    assert warning.id == "django_pgqueue.W005"
+
+
+def test_jobs_in_default_are_not_checked_against_the_router(settings):
+    settings.DATABASE_ROUTERS = [f"{__name__}.ReadsToReplica"]
+
+    assert pgqueue_messages() == []

@@ -103,7 +103,7 @@ class Worker:
         self.worker_id = worker_id or default_worker_id()
         if not self.worker_id or len(self.worker_id) > 255:
             raise InvalidWorkerOptionError("worker_id", "must be 1 to 255 characters")
-        self.using = using or settings.DATABASE
+        self.using = conf.jobs_database(using)
         self.listen = settings.NOTIFY if listen is None else listen
         self._settings = settings
 

@@ -65,7 +65,7 @@ class Command(BaseCommand):
                 self._run_due()
         except PgQueueError as exc:
             raise CommandError(str(exc)) from exc
-        alias = conf.get_settings().DATABASE
+        alias = conf.jobs_database()
         with connections[alias].cursor() as cursor:
             if options["forget_undeclared"]:
                 cursor.execute(_FORGET, [[schedule.name for schedule in declared]])

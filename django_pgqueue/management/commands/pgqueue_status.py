@@ -89,7 +89,7 @@ class Command(BaseCommand):
             try:
                 return snapshot(failed_total=options["failed_total"])
             except DatabaseError as exc:
-                connection = connections[conf.get_settings().DATABASE]
+                connection = connections[conf.jobs_database()]
                 if not connection.in_atomic_block:  # reconnect at the next refresh
                     connection.close()
                 raise CommandError(f"cannot read the queues from the database: {exc}") from exc
