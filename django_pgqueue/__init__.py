@@ -21,8 +21,9 @@ from .exceptions import (
 from .registry import job
 
 if TYPE_CHECKING:
-    from .models import Job, JobStatus
+    from .models import Job
     from .queues import pause_queue, resume_queue
+    from .schema import JobStatus
 
 __all__ = [
     "Backoff",
@@ -47,7 +48,7 @@ __version__ = "0.1.0.dev0"
 
 _LAZY = {
     "Job": ("models", "Job"),
-    "JobStatus": ("models", "JobStatus"),
+    "JobStatus": ("schema", "JobStatus"),
     "pause_queue": ("queues", "pause_queue"),
     "resume_queue": ("queues", "resume_queue"),
 }

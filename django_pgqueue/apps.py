@@ -26,8 +26,8 @@ class PgQueueConfig(AppConfig):
 
         request_finished.connect(close_side_connections, dispatch_uid="pgqueue_side_connections")
 
-        from .conf import TASK_JOB_PREFIX
         from .registry import register_resolver
+        from .schema import TASK_JOB_PREFIX
 
         # Django Tasks run as jobs of type "task:<dotted path>", resolved on demand.
         register_resolver(TASK_JOB_PREFIX, _resolve_task_job)

@@ -31,12 +31,12 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from . import conf, validation
+from . import conf, schema, validation
 from . import exceptions as pgqueue_exceptions
-from .conf import TASK_JOB_PREFIX
 from .enqueue import enqueue as enqueue_job
 from .exceptions import FailJob, InvalidArgumentError, JobCancelled, TaskReturnValueError
 from .registry import JobDefinition
+from .schema import TASK_JOB_PREFIX
 from .tasks_compat import (
     TASK_MAX_PRIORITY,
     TASK_MIN_PRIORITY,
@@ -153,7 +153,7 @@ class PgQueueBackend(BaseTaskBackend):
         except InvalidArgumentError:
             raise InvalidTask(
                 f"Task path {task.module_path!r} cannot name a django-pgqueue job: it must be "
-                f"at most {conf.JOB_TYPE_MAX_LENGTH - len(TASK_JOB_PREFIX)} ASCII characters "
+                f"at most {schema.JOB_TYPE_MAX_LENGTH - len(TASK_JOB_PREFIX)} ASCII characters "
                 "(letters, digits, '_' and '.')."
             ) from None
         try:

@@ -11,20 +11,10 @@ from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from .exceptions import SettingsError
-
-#: Priorities accepted by ``enqueue``: higher runs first.
-PRIORITY_MIN = 0
-PRIORITY_MAX = 1000
-JOB_TYPE_MAX_LENGTH = 200
-QUEUE_MAX_LENGTH = 100
-STAGE_MAX_LENGTH = 200
-UNIQUE_KEY_MAX_LENGTH = 255
-MAX_ATTEMPTS_LIMIT = 1000
-#: Largest concurrency limit accepted (``QUEUE_LIMITS``, ``JOB_TYPE_LIMITS``, ``@job``).
-CONCURRENCY_LIMIT_MAX = 1_000_000
-#: Job types of Django Tasks are this prefix and the task's dotted path (backends.py).
-TASK_JOB_PREFIX = "task:"
+from . import validation
+from .cron import parse_schedule_setting
+from .exceptions import InvalidArgumentError, SettingsError
+from .schema import CONCURRENCY_LIMIT_MAX, MAX_ATTEMPTS_LIMIT, PRIORITY_MAX, PRIORITY_MIN
 
 _CHANNEL_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
@@ -61,7 +51,7 @@ class PgQueueSettings:
     QUEUE_LIMITS: dict[str, int] = field(default_factory=dict)
     #: The same per job type; wins over ``@job(concurrency=...)`` (``None`` lifts it).
     JOB_TYPE_LIMITS: dict[str, int | None] = field(default_factory=dict)
-    #: Periodic jobs by name (``periodic.Schedule``), enqueued by workers on each cron tick.
+    #: Periodic jobs by name (``cron.Schedule``), enqueued by workers on each cron tick.
     SCHEDULE: dict[str, Any] = field(default_factory=dict)
 
 
@@ -83,11 +73,9 @@ _POSITIVE_DURATIONS = {"POLL_INTERVAL", "HEARTBEAT_INTERVAL", "STALE_AFTER", "RE
 
 def to_seconds(name: str, value: Any, *, allow_zero: bool = True) -> float:
     """Return ``value`` (seconds as a number, or a ``timedelta``) as float seconds."""
-    from .exceptions import InvalidArgumentError
-    from .validation import seconds
 
     try:
-        return seconds(value, name, allow_zero=allow_zero)
+        return validation.seconds(value, name, allow_zero=allow_zero)
     except InvalidArgumentError as exc:
         raise SettingsError(f"{name} {exc.message}") from None
 
@@ -107,9 +95,6 @@ def concurrency_limit(value: Any, what: str) -> int:
 
 
 def _limits(key: str, value: Any, *, queues: bool) -> dict[str, Any]:
-    from .exceptions import InvalidArgumentError
-    from .validation import job_type, queue
-
     if not isinstance(value, dict):
         example = '{"video": 2}' if queues else '{"media.transcode": 2}'
         raise SettingsError(
@@ -118,7 +103,7 @@ def _limits(key: str, value: Any, *, queues: bool) -> dict[str, Any]:
         )
     for name, limit in value.items():
         try:
-            (queue if queues else job_type)(name, f"{key} key")
+            (validation.queue if queues else validation.job_type)(name, f"{key} key")
         except InvalidArgumentError as exc:
             raise SettingsError(str(exc)) from None
         # None in JOB_TYPE_LIMITS lifts a limit that @job(concurrency=...) declares.
@@ -168,11 +153,9 @@ def _validate(raw: dict[str, Any]) -> PgQueueSettings:
         raise SettingsError("PGQUEUE['MAX_PAYLOAD_BYTES'] must be at least 2 (the size of {})")
     if not 0 <= result.PREFETCH <= 10000:
         raise SettingsError("PGQUEUE['PREFETCH'] must be between 0 and 10000 (0: no prefetch)")
-    from .exceptions import InvalidArgumentError
-    from .validation import queue
 
     try:
-        queue(result.DEFAULT_QUEUE, "PGQUEUE['DEFAULT_QUEUE']")
+        validation.queue(result.DEFAULT_QUEUE, "PGQUEUE['DEFAULT_QUEUE']")
     except InvalidArgumentError as exc:
         raise SettingsError(str(exc)) from None
     if result.LISTEN_DATABASE is not None and result.LISTEN_DATABASE not in getattr(
@@ -194,8 +177,6 @@ def _validate(raw: dict[str, Any]) -> PgQueueSettings:
             "jobs would be recovered as stale"
         )
     if "SCHEDULE" in raw:
-        from .periodic import parse_schedule_setting
-
         schedule = parse_schedule_setting(
             raw["SCHEDULE"], max_payload_bytes=result.MAX_PAYLOAD_BYTES
         )

@@ -16,10 +16,17 @@ from django.db.models.functions import Now
 from django.db.models.signals import post_init, pre_init
 from django.utils.translation import gettext_lazy as _
 
-from . import conf
+from . import conf, schema
 from .due import not_yet_due_q
 from .exceptions import InvalidJobError, JobCancelled, PgQueueError
 from .indexes import GinIndex
+from .progress import write_progress
+from .schema import ACTIVE, IN_FLIGHT, JobStatus
+
+# The states and their sets live in schema; importable from here too, where the model is.
+from .schema import CLAIMABLE as CLAIMABLE
+from .schema import FINISHED as FINISHED
+from .schema import RETRYABLE as RETRYABLE
 
 
 class _CancelSignal(Protocol):
@@ -28,31 +35,13 @@ class _CancelSignal(Protocol):
     def is_set(self) -> bool: ...
 
 
-class JobStatus(models.TextChoices):
-    PENDING = "pending", _("Pending")
-    CLAIMED = "claimed", _("Claimed")
-    RUNNING = "running", _("Running")
-    COMPLETED = "completed", _("Completed")
-    FAILED = "failed", _("Failed")
-    CANCELLED = "cancelled", _("Cancelled")
-
-
 logger = logging.getLogger("django_pgqueue.models")
 
-#: States a worker holds a job in.
-IN_FLIGHT = (JobStatus.CLAIMED, JobStatus.RUNNING)
-#: States a job never leaves on its own.
-FINISHED = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)
-#: States in which a job holds its ``unique_key`` (the partial unique index's predicate).
-ACTIVE = (JobStatus.PENDING, JobStatus.CLAIMED, JobStatus.RUNNING)
 #: ``retry()`` runs its update again at most this many times when new jobs take the keys.
 UNIQUE_RETRY_ROUNDS = 10
 
 #: Codename of the permission to retry, cancel and run jobs now (``django_pgqueue.retry_job``).
 RETRY_PERMISSION = "retry_job"
-#: Every this many events, ``set_progress`` trims a job's history to this many newest
-#: events, so a job keeps fewer than twice as many.
-EVENTS_KEPT = 100
 
 
 class JobQuerySet(models.QuerySet["Job"]):
@@ -221,8 +210,8 @@ class Job(JobsDatabaseModel):
     """
 
     id = models.UUIDField(primary_key=True, db_default=RandomUUID(), editable=False)
-    job_type = models.CharField(max_length=conf.JOB_TYPE_MAX_LENGTH)
-    queue = models.CharField(max_length=conf.QUEUE_MAX_LENGTH, db_default="default")
+    job_type = models.CharField(max_length=schema.JOB_TYPE_MAX_LENGTH)
+    queue = models.CharField(max_length=schema.QUEUE_MAX_LENGTH, db_default="default")
     priority = models.IntegerField(db_default=100)
     status = models.CharField(
         max_length=16, choices=JobStatus.choices, db_default=JobStatus.PENDING.value
@@ -230,7 +219,7 @@ class Job(JobsDatabaseModel):
     data = models.JSONField(default=dict, db_default=Value({}, models.JSONField()))
     result = models.JSONField(null=True, blank=True)
     progress = models.SmallIntegerField(db_default=0)
-    current_stage = models.CharField(max_length=conf.STAGE_MAX_LENGTH, blank=True, db_default="")
+    current_stage = models.CharField(max_length=schema.STAGE_MAX_LENGTH, blank=True, db_default="")
     events_count = models.IntegerField(db_default=0)
     # NULL, not "", means "no worker": SQL written against the pattern tests IS NULL.
     worker_id = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
@@ -249,7 +238,7 @@ class Job(JobsDatabaseModel):
     worker_ids = models.JSONField(default=list, db_default=Value([], models.JSONField()))
     #: At most one pending, claimed or running job has a given key (NULL: no limit).
     unique_key = models.CharField(  # noqa: DJ001  (NULL, not "", means "no key")
-        max_length=conf.UNIQUE_KEY_MAX_LENGTH, null=True, blank=True
+        max_length=schema.UNIQUE_KEY_MAX_LENGTH, null=True, blank=True
     )
 
     objects: ClassVar[JobQuerySet] = JobManager()  # type: ignore[assignment]
@@ -293,7 +282,7 @@ class Job(JobsDatabaseModel):
                 name="pgqueue_jobs_progress_percent",
             ),
             models.CheckConstraint(
-                condition=Q(priority__gte=conf.PRIORITY_MIN, priority__lte=conf.PRIORITY_MAX),
+                condition=Q(priority__gte=schema.PRIORITY_MIN, priority__lte=schema.PRIORITY_MAX),
                 name="pgqueue_jobs_priority_range",
             ),
             models.CheckConstraint(
@@ -329,19 +318,17 @@ class Job(JobsDatabaseModel):
         False, writing nothing, when the job is no longer claimed or running by this
         job's worker (it finished, or recovery gave it to another worker).
         """
-        from .progress import write_progress
-
         if not isinstance(percent, int) or isinstance(percent, bool) or not 0 <= percent <= 100:
             raise InvalidJobError("percent", f"must be an integer from 0 to 100, got {percent!r}")
         if stage is not None and (
             not isinstance(stage, str)
-            or len(stage) > conf.STAGE_MAX_LENGTH
+            or len(stage) > schema.STAGE_MAX_LENGTH
             or "\x00" in stage
             or not stage.encode(errors="ignore").decode() == stage
         ):
             raise InvalidJobError(
                 "stage",
-                f"must be text of at most {conf.STAGE_MAX_LENGTH} characters, "
+                f"must be text of at most {schema.STAGE_MAX_LENGTH} characters, "
                 "without NUL characters or lone surrogates",
             )
         if not write_progress(self, percent, stage):
@@ -519,7 +506,7 @@ class JobEvent(JobsDatabaseModel):
     )
     created_at = models.DateTimeField(db_default=Now())
     progress = models.SmallIntegerField()
-    stage = models.CharField(max_length=conf.STAGE_MAX_LENGTH, blank=True)
+    stage = models.CharField(max_length=schema.STAGE_MAX_LENGTH, blank=True)
 
     class Meta:
         db_table = "pgqueue_job_events"
@@ -561,7 +548,7 @@ class QueueState(JobsDatabaseModel):
     A queue with no row here is active; rows appear when a queue is first paused.
     """
 
-    name = models.CharField(max_length=conf.QUEUE_MAX_LENGTH, primary_key=True)
+    name = models.CharField(max_length=schema.QUEUE_MAX_LENGTH, primary_key=True)
     paused_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(db_default=Now())
 

@@ -20,22 +20,17 @@ not run it at noon.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta, tzinfo
-from typing import TYPE_CHECKING, Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from datetime import datetime
+from typing import TYPE_CHECKING
 
-from croniter import CroniterBadDateError, CroniterError, croniter
-from django.conf import settings as django_settings
 from django.db import connections, transaction
 from django.utils import timezone as django_timezone
 
 from . import conf, registry, validation
+from .cron import Schedule
 from .enqueue import enqueue
 from .exceptions import (
     DuplicateJobError,
-    InvalidArgumentError,
-    InvalidJobError,
     PgQueueError,
     SettingsError,
 )
@@ -44,190 +39,6 @@ if TYPE_CHECKING:
     from .models import Job
 
 logger = logging.getLogger("django_pgqueue.periodic")
-
-#: Longest schedule name: the primary key of ``pgqueue_periodic``.
-NAME_MAX_LENGTH = 255
-#: Longest cron expression (the ``schedule`` column also holds the time zone).
-CRON_MAX_LENGTH = 150
-#: Keys of one ``PGQUEUE["SCHEDULE"]`` entry.
-SETTING_KEYS = frozenset(
-    {"job_type", "schedule", "data", "queue", "priority", "max_attempts", "unique_key", "timezone"}
-)
-_ALIASES = frozenset(
-    {"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"}
-)
-_CRON_HELP = (
-    "use 5 fields (minute hour day-of-month month day-of-week, e.g. '*/15 * * * *'), "
-    "6 with seconds last (e.g. '0 * * * * */10'), or one of " + ", ".join(sorted(_ALIASES))
-)
-
-
-def validate_cron(expression: Any, field: str = "schedule") -> str:
-    """Return ``expression`` with its whitespace normalised, or raise
-    :class:`InvalidJobError` (naming ``field``) saying what is wrong with it."""
-    if not isinstance(expression, str):
-        raise InvalidJobError(
-            field, f"must be a cron expression string, got {type(expression).__name__}"
-        )
-    text = " ".join(expression.split())
-    if not text:
-        raise InvalidJobError(field, f"must not be empty; {_CRON_HELP}")
-    if len(text) > CRON_MAX_LENGTH:
-        raise InvalidJobError(
-            field, f"must be at most {CRON_MAX_LENGTH} characters, got {len(text)}"
-        )
-    if text.startswith("@"):
-        if text.lower() not in _ALIASES:
-            raise InvalidJobError(field, f"{text!r} is not a supported alias; {_CRON_HELP}")
-        text = text.lower()
-    elif len(text.split()) not in (5, 6):
-        raise InvalidJobError(field, f"{text!r} has {len(text.split())} fields; {_CRON_HELP}")
-    try:
-        croniter(text, datetime(2000, 1, 1, tzinfo=UTC)).get_next(datetime)
-    except CroniterBadDateError:
-        raise InvalidJobError(
-            field, f"{text!r} never matches a date (such as 30 February); check the day fields"
-        ) from None
-    except CroniterError as exc:
-        raise InvalidJobError(
-            field, f"{text!r} is not a valid cron expression ({exc}); {_CRON_HELP}"
-        ) from None
-    return text
-
-
-def _zone(name: str | None) -> tzinfo:
-    if name is None or name == "UTC":
-        return UTC
-    return ZoneInfo(name)
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """One periodic job: enqueue ``job_type`` on every tick of ``cron``.
-
-    ``timezone`` is an IANA name; ``None`` means Django's ``TIME_ZONE``. ``data``,
-    ``queue``, ``priority``, ``max_attempts`` and ``unique_key`` are passed to
-    ``enqueue``; ``None`` takes the job type's defaults as usual. A tick whose unique key
-    is held by an active job is skipped.
-    """
-
-    name: str
-    job_type: str
-    cron: str
-    timezone: str | None = None
-    data: dict[str, Any] | None = None
-    queue: str | None = None
-    priority: int | None = None
-    max_attempts: int | None = None
-    unique_key: str | None = None
-
-    @property
-    def zone_name(self) -> str:
-        """The time zone the expression is evaluated in."""
-        return self.timezone or getattr(django_settings, "TIME_ZONE", None) or "UTC"
-
-    @property
-    def signature(self) -> str:
-        """What ``pgqueue_periodic.schedule`` records: a change resets the schedule."""
-        return f"{self.cron} ({self.zone_name})"
-
-    def latest_tick(self, now: datetime) -> datetime:
-        """The last tick at or before ``now`` (aware, in UTC)."""
-        # Ticks fall on whole seconds and get_prev() is strictly before its start, so
-        # starting one second past ``now`` truncated includes a tick at exactly ``now``.
-        start = now.replace(microsecond=0) + timedelta(seconds=1)
-        tick = croniter(self.cron, start.astimezone(_zone(self.zone_name))).get_prev(datetime)
-        return tick.astimezone(UTC)
-
-    def next_tick(self, now: datetime) -> datetime:
-        """The first tick after ``now`` (aware, in UTC)."""
-        start = now.astimezone(_zone(self.zone_name))
-        return croniter(self.cron, start).get_next(datetime).astimezone(UTC)
-
-
-def parse_schedule_setting(value: Any, *, max_payload_bytes: int) -> dict[str, Schedule]:
-    """Validate ``PGQUEUE["SCHEDULE"]`` into schedules; raise :class:`SettingsError`."""
-    if not isinstance(value, dict):
-        raise SettingsError(
-            "PGQUEUE['SCHEDULE'] must be a dict of schedule names to dicts, e.g. "
-            '{"nightly-report": {"job_type": "reports.nightly", "schedule": "0 3 * * *"}}; '
-            f"got {type(value).__name__}"
-        )
-    return {
-        name: _schedule_entry(name, entry, max_payload_bytes=max_payload_bytes)
-        for name, entry in value.items()
-    }
-
-
-def _schedule_entry(name: Any, entry: Any, *, max_payload_bytes: int) -> Schedule:
-    if not isinstance(name, str) or not name or len(name) > NAME_MAX_LENGTH:
-        raise SettingsError(
-            f"PGQUEUE['SCHEDULE'] keys are schedule names: strings of 1 to {NAME_MAX_LENGTH} "
-            f"characters, got {name!r}"
-        )
-    key = f"PGQUEUE['SCHEDULE'][{name!r}]"
-    if not isinstance(entry, dict):
-        raise SettingsError(
-            f"{key} must be a dict with at least 'job_type' and 'schedule', "
-            f"got {type(entry).__name__}"
-        )
-    unknown = sorted(set(entry) - SETTING_KEYS)
-    if unknown:
-        raise SettingsError(
-            f"{key} has unknown keys {unknown}; valid keys are {sorted(SETTING_KEYS)}"
-        )
-    missing = [k for k in ("job_type", "schedule") if k not in entry]
-    if missing:
-        raise SettingsError(f"{key} is missing {missing}: give the job type and a cron expression")
-    try:
-        job_type = validation.job_type(entry["job_type"], f"{key}['job_type']")
-        cron = validate_cron(entry["schedule"], f"{key}['schedule']")
-        queue = entry.get("queue")
-        if queue is not None:
-            validation.queue(queue, f"{key}['queue']")
-        priority = entry.get("priority")
-        if priority is not None:
-            validation.priority(priority, f"{key}['priority']")
-        max_attempts = entry.get("max_attempts")
-        if max_attempts is not None:
-            validation.max_attempts(max_attempts, f"{key}['max_attempts']")
-        unique_key = entry.get("unique_key")
-        if unique_key is not None:
-            validation.unique_key(unique_key, f"{key}['unique_key']")
-    except InvalidArgumentError as exc:
-        raise SettingsError(str(exc)) from None
-    data = entry.get("data")
-    if data is not None:
-        _check_data(data, f"{key}['data']", max_payload_bytes)
-    zone = entry.get("timezone")
-    if zone is not None:
-        try:
-            if not isinstance(zone, str):
-                raise TypeError
-            _zone(zone)
-        except (TypeError, ValueError, ZoneInfoNotFoundError):
-            raise SettingsError(
-                f"{key}['timezone'] must be an IANA time zone name such as 'Europe/Paris' "
-                f"or 'UTC', got {zone!r}"
-            ) from None
-    return Schedule(
-        name=name,
-        job_type=job_type,
-        cron=cron,
-        timezone=zone,
-        data=data,
-        queue=queue,
-        priority=priority,
-        max_attempts=max_attempts,
-        unique_key=unique_key,
-    )
-
-
-def _check_data(data: Any, key: str, max_payload_bytes: int) -> None:
-    try:
-        validation.payload(data, key, max_bytes=max_payload_bytes)
-    except InvalidJobError as exc:
-        raise SettingsError(str(exc)) from None
 
 
 def schedules() -> list[Schedule]:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from django.db import connections
 
 from . import conf
-from .models import EVENTS_KEPT, Job
+from .schema import EVENTS_KEPT, IN_FLIGHT, status_in
 from .sideconn import execute_autocommit
+
+if TYPE_CHECKING:
+    from .models import Job
 
 # Only while the same attempt holds the job: a handler whose job was recovered (and
 # handed to another worker, or to this one again) must not overwrite a newer attempt.
@@ -21,7 +26,7 @@ WITH updated AS (
            current_stage = COALESCE(%s, current_stage),
            events_count = events_count + 1
      WHERE id = %s
-       AND status IN ('claimed', 'running')
+       AND {status_in(IN_FLIGHT)}
        AND worker_id IS NOT DISTINCT FROM %s
        AND attempts = %s
     RETURNING id, progress, current_stage, events_count

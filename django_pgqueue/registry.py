@@ -11,9 +11,11 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 from asgiref.sync import iscoroutinefunction
 
-from . import validation
-from .backoff import Backoff
-from .exceptions import JobRegistrationError, UnknownJobTypeError
+from . import conf, validation
+from . import enqueue as enqueueing  # the one intended cycle: enqueue reads @job defaults
+from .backoff import Backoff, default_backoff
+from .cron import validate_cron
+from .exceptions import JobRegistrationError, SettingsError, UnknownJobTypeError
 
 if TYPE_CHECKING:
     from .models import Job
@@ -78,9 +80,7 @@ class JobDefinition:
         using: str | None = None,
     ) -> Job:
         """Enqueue a job of this type; see :func:`django_pgqueue.enqueue`."""
-        from .enqueue import enqueue
-
-        return enqueue(
+        return enqueueing.enqueue(
             self.job_type,
             data,
             queue=queue,
@@ -95,8 +95,6 @@ class JobDefinition:
 
     def retry_delay(self, attempt: int) -> float:
         """Seconds to wait before retrying after failed attempt ``attempt``."""
-        from .backoff import default_backoff
-
         backoff = self.retry_backoff or default_backoff()
         if isinstance(backoff, Backoff):
             return backoff.delay(attempt)
@@ -221,9 +219,6 @@ def _qualified(func: Callable[..., Any]) -> str:
 
 
 def _check_concurrency(value: Any) -> None:
-    from . import conf
-    from .exceptions import SettingsError
-
     try:
         conf.concurrency_limit(value, "@job(concurrency=...)")
     except SettingsError as exc:
@@ -309,8 +304,6 @@ def job(
     if concurrency is not None:
         _check_concurrency(concurrency)
     if schedule is not None:
-        from .periodic import validate_cron
-
         schedule = validate_cron(schedule)
 
     def decorate(func: Handler) -> JobDefinition:

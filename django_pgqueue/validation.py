@@ -16,7 +16,7 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from . import conf
+from . import schema
 from .exceptions import InvalidJobError
 
 _JOB_TYPE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/\-]*$")
@@ -76,12 +76,12 @@ def _check_name(
 
 def job_type(value: Any, field: str = "job_type") -> str:
     """A job type: letters, digits and ``_ . : / -``, e.g. ``"emails.send_welcome"``."""
-    return _name(field, value, _JOB_TYPE_RE, conf.JOB_TYPE_MAX_LENGTH, "job type")
+    return _name(field, value, _JOB_TYPE_RE, schema.JOB_TYPE_MAX_LENGTH, "job type")
 
 
 def queue(value: Any, field: str = "queue") -> str:
     """A queue name: letters, digits and ``_ . : -``, e.g. ``"emails"``."""
-    return _name(field, value, _QUEUE_RE, conf.QUEUE_MAX_LENGTH, "queue name")
+    return _name(field, value, _QUEUE_RE, schema.QUEUE_MAX_LENGTH, "queue name")
 
 
 def unique_key(value: Any, field: str = "unique_key") -> str:
@@ -90,10 +90,10 @@ def unique_key(value: Any, field: str = "unique_key") -> str:
         raise InvalidJobError(field, f"must be a string, got {type(value).__name__}")
     if not value:
         raise InvalidJobError(field, "must not be empty; pass None for no key")
-    if len(value) > conf.UNIQUE_KEY_MAX_LENGTH:
+    if len(value) > schema.UNIQUE_KEY_MAX_LENGTH:
         raise InvalidJobError(
             field,
-            f"must be at most {conf.UNIQUE_KEY_MAX_LENGTH} characters, got {len(value)}; "
+            f"must be at most {schema.UNIQUE_KEY_MAX_LENGTH} characters, got {len(value)}; "
             "hash long parts of the key (e.g. hashlib.sha256(...).hexdigest())",
         )
     if "\x00" in value:
@@ -110,10 +110,10 @@ def unique_key(value: Any, field: str = "unique_key") -> str:
 def priority(value: Any, field: str = "priority") -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise InvalidJobError(field, f"must be an integer, got {value!r}")
-    if not conf.PRIORITY_MIN <= value <= conf.PRIORITY_MAX:
+    if not schema.PRIORITY_MIN <= value <= schema.PRIORITY_MAX:
         raise InvalidJobError(
             field,
-            f"must be between {conf.PRIORITY_MIN} and {conf.PRIORITY_MAX} "
+            f"must be between {schema.PRIORITY_MIN} and {schema.PRIORITY_MAX} "
             f"(higher runs first), got {value}",
         )
     return value
@@ -122,9 +122,9 @@ def priority(value: Any, field: str = "priority") -> int:
 def max_attempts(value: Any, field: str = "max_attempts") -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise InvalidJobError(field, f"must be an integer, got {value!r}")
-    if not 1 <= value <= conf.MAX_ATTEMPTS_LIMIT:
+    if not 1 <= value <= schema.MAX_ATTEMPTS_LIMIT:
         raise InvalidJobError(
-            field, f"must be between 1 and {conf.MAX_ATTEMPTS_LIMIT}, got {value}"
+            field, f"must be between 1 and {schema.MAX_ATTEMPTS_LIMIT}, got {value}"
         )
     return value
 

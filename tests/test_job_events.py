@@ -7,7 +7,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from django_pgqueue.models import EVENTS_KEPT, Job, JobEvent
+from django_pgqueue.models import Job, JobEvent
+from django_pgqueue.schema import EVENTS_KEPT
 
 # Committed rows: set_progress writes on a side connection when the caller is in a
 # transaction, and that connection sees only committed jobs.

@@ -18,9 +18,10 @@ from django.utils import timezone
 from django_pgqueue import enqueue, job
 from django_pgqueue.checks import check_schedules
 from django_pgqueue.conf import get_settings
+from django_pgqueue.cron import Schedule, validate_cron
 from django_pgqueue.exceptions import InvalidJobError, SettingsError
 from django_pgqueue.models import Job, JobStatus, PeriodicTick
-from django_pgqueue.periodic import Schedule, enqueue_due_ticks, schedules, validate_cron
+from django_pgqueue.periodic import enqueue_due_ticks, schedules
 from tests.testapp.models import Execution
 from tests.workers import WorkerProcess, wait_for, worker_thread
 

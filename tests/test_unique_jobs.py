@@ -26,10 +26,10 @@ from django_pgqueue import (
     DuplicateJobError,
     InvalidJobError,
     PgQueueError,
-    conf,
     enqueue,
     enqueue_many,
     job,
+    schema,
 )
 from django_pgqueue.exceptions import JobRegistrationError
 from django_pgqueue.models import Job
@@ -304,7 +304,7 @@ def test_job_decorator_rejects_an_invalid_default_key(clean_registry):
     ("key", "message"),
     [
         ("", "must not be empty"),
-        ("x" * (conf.UNIQUE_KEY_MAX_LENGTH + 1), "at most 255 characters"),
+        ("x" * (schema.UNIQUE_KEY_MAX_LENGTH + 1), "at most 255 characters"),
         ("a\x00b", "NUL"),
         ("\ud800", "lone surrogate"),
         (42, "must be a string, got int"),
@@ -328,7 +328,7 @@ def test_invalid_key_is_rejected_before_anything_is_written(
 
 
 def test_longest_key_and_any_text_are_accepted():
-    longest = "k" * conf.UNIQUE_KEY_MAX_LENGTH
+    longest = "k" * schema.UNIQUE_KEY_MAX_LENGTH
     odd = "x'; DROP TABLE pgqueue_jobs; -- 🗝 ключ"
 
     assert enqueue("tests.noop", unique_key=longest).unique_key == longest

@@ -1,0 +1,63 @@
+"""The shape of the jobs table, stated once: its limits and the states of a job.
+
+A leaf module (it imports nothing of the package), so that validation, settings,
+models, SQL builders and the admin all take their rules from here. The SQL functions
+and partial indexes, which cannot import it, are checked against these sets by tests
+(``tests/test_schema.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+#: Priorities accepted by ``enqueue``: higher runs first.
+PRIORITY_MIN = 0
+PRIORITY_MAX = 1000
+JOB_TYPE_MAX_LENGTH = 200
+QUEUE_MAX_LENGTH = 100
+STAGE_MAX_LENGTH = 200
+UNIQUE_KEY_MAX_LENGTH = 255
+MAX_ATTEMPTS_LIMIT = 1000
+#: Largest concurrency limit accepted (``QUEUE_LIMITS``, ``JOB_TYPE_LIMITS``, ``@job``).
+CONCURRENCY_LIMIT_MAX = 1_000_000
+#: Every this many events, ``set_progress`` trims a job's history to this many newest
+#: events, so a job keeps fewer than twice as many.
+EVENTS_KEPT = 100
+#: Job types of Django Tasks are this prefix and the task's dotted path (backends.py).
+TASK_JOB_PREFIX = "task:"
+
+
+class JobStatus(models.TextChoices):
+    """The states of a job (the ``status`` column and its CHECK constraint)."""
+
+    PENDING = "pending", _("Pending")
+    CLAIMED = "claimed", _("Claimed")
+    RUNNING = "running", _("Running")
+    COMPLETED = "completed", _("Completed")
+    FAILED = "failed", _("Failed")
+    CANCELLED = "cancelled", _("Cancelled")
+
+
+#: States a worker may claim a job in (when it is due).
+CLAIMABLE = frozenset({JobStatus.PENDING})
+#: States a worker holds a job in.
+IN_FLIGHT = frozenset({JobStatus.CLAIMED, JobStatus.RUNNING})
+#: States a job never leaves on its own.
+FINISHED = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
+#: States in which a job holds its ``unique_key`` (the partial unique index's predicate).
+ACTIVE = CLAIMABLE | IN_FLIGHT
+#: States a job can be put back to pending from (retry).
+RETRYABLE = frozenset({JobStatus.FAILED, JobStatus.CANCELLED})
+
+
+def status_in(states: Iterable[str], column: str = "status") -> str:
+    """SQL text ``status IN ('a', 'b')`` for ``states``, in the enum's order.
+
+    The values are the enum's own constants, never user input: safe to inline.
+    """
+    chosen = set(states)
+    values = ", ".join(f"'{state.value}'" for state in JobStatus if state in chosen)
+    return f"{column} IN ({values})"
