@@ -62,6 +62,11 @@ class UnknownJobTypeError(PgQueueError, LookupError):
     """No handler is registered for a job type."""
 
 
+class AsyncHandlerError(PgQueueError, TypeError):
+    """A handler returned a coroutine or another awaitable: its body never ran, so the
+    attempt fails (async handlers are not supported yet)."""
+
+
 class SettingsError(PgQueueError):
     """The ``PGQUEUE`` setting is malformed."""
 

@@ -113,6 +113,27 @@ def test_second_signal_exits_at_once_and_recovery_picks_up_the_job(workers):
     assert status_of(job) == JobStatus.PENDING
 
 
+def test_a_handler_returning_a_coroutine_is_retried_then_failed_never_completed(workers):
+    job = enqueue("tests.returns_coroutine")  # max_attempts=2
+    worker = workers()
+    wait_for(lambda: status_of(job) == JobStatus.FAILED, timeout=30)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.output()
+
+    job.refresh_from_db()
+    assert job.attempts == 2
+    assert job.last_error == (
+        "AsyncHandlerError: the handler of job type 'tests.returns_coroutine' returned an "
+        "awaitable (coroutine _record_execution_async) instead of doing its work: async "
+        "handlers are not supported yet. Make the handler a plain (sync) function; to call "
+        "async code from it, wrap that code with asgiref.sync.async_to_sync"
+    )
+    # Neither what the handler wrote before returning nor the coroutine's body is kept.
+    assert not Execution.objects.exists()
+    assert "never awaited" not in worker.output()
+    assert "completed" not in worker.output()
+
+
 def test_burst_worker_process_drains_and_exits_zero(workers):
     jobs = [enqueue("tests.record") for _ in range(20)]
     worker = workers("--burst", "--concurrency", "3")
