@@ -67,6 +67,11 @@ class AsyncHandlerError(PgQueueError, TypeError):
     attempt fails (async handlers are not supported yet)."""
 
 
+class UndecodableJobError(PgQueueError, ValueError):
+    """A claimed job holds a value Python cannot read (a time outside years 1 to 9999,
+    say), written outside enqueue's validation: the job fails without running."""
+
+
 class SettingsError(PgQueueError):
     """The ``PGQUEUE`` setting is malformed."""
 

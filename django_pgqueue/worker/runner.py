@@ -8,7 +8,6 @@ heartbeat thread keeps held jobs alive; a listener thread turns NOTIFY into wake
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -32,6 +31,7 @@ from ..models import Job
 from ..sideconn import open_raw_connection
 from . import queries
 from .adapters import Float8Array, UUIDArray, adapt_worker_connection
+from .claimed import claimed_jobs
 from .execution import Outcome, RunningJob, interrupt, timeout_outcome
 from .heartbeat import Heartbeat
 from .listener import NotificationListener
@@ -384,7 +384,10 @@ class Worker:
             self._record_finished(outcomes, finish)
         if claim is None:
             return [], asked
-        jobs = Job.from_rows(_column_names(claim), claim.fetchall(), self.using)
+        jobs, undecodable = claimed_jobs(claim, self.using)
+        if undecodable:
+            self._outcomes.extend(undecodable)
+            self._wake.set()  # record their failures now, not after a poll interval
         assert slots is not None
         self._start(jobs, slots)
         return jobs, asked
@@ -546,19 +549,6 @@ class Worker:
             self.shutdown_grace,
         )
         self.stop()
-
-
-def _column_names(cursor: psycopg.Cursor[Any]) -> tuple[str, ...]:
-    """The names of the columns of ``cursor``'s result, without building the
-    ``Column`` objects of ``cursor.description``."""
-    result = cursor.pgresult
-    assert result is not None
-    return _decoded_names(tuple(result.fname(i) or b"" for i in range(result.nfields)))
-
-
-@functools.lru_cache(maxsize=16)
-def _decoded_names(names: tuple[bytes, ...]) -> tuple[str, ...]:
-    return tuple(name.decode() for name in names)
 
 
 def _finish_statement(outcomes: list[Outcome], worker_id: str) -> tuple[str, list[Any]]:
