@@ -92,7 +92,9 @@ class RunningJob:
     duration: float | None = None
 
 
-def _retry_or_fail(running: RunningJob, error: str, tb: str | None, delay: float | None) -> Outcome:
+def retry_or_fail(running: RunningJob, error: str, tb: str | None, delay: float | None) -> Outcome:
+    """A failed attempt: ``pending`` again after ``delay`` (None: the job's backoff), or
+    ``failed`` once its attempts are spent."""
     job = running.job
     if job.attempts >= job.max_attempts:
         return Outcome(job.id, "failed", error=error, traceback=tb)
@@ -118,8 +120,8 @@ def failure_outcome(running: RunningJob, exc: BaseException) -> Outcome:
     if isinstance(exc, FailJob):
         return Outcome(job.id, "failed", error=error, traceback=tb)
     if isinstance(exc, RetryJob):
-        return _retry_or_fail(running, error, tb, exc.delay_seconds)
-    return _retry_or_fail(running, error, tb, None)
+        return retry_or_fail(running, error, tb, exc.delay_seconds)
+    return retry_or_fail(running, error, tb, None)
 
 
 def timeout_outcome(running: RunningJob) -> Outcome:
@@ -129,7 +131,7 @@ def timeout_outcome(running: RunningJob) -> Outcome:
         f"JobTimeout: ran past its timeout of {timeout:g}s and did not stop when "
         "interrupted; the thread was abandoned"
     )
-    return _retry_or_fail(running, error, "", None)
+    return retry_or_fail(running, error, "", None)
 
 
 def _result_json(value: Any) -> tuple[str | None, str | None]:

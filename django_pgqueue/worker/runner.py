@@ -33,6 +33,7 @@ from . import queries
 from .adapters import Float8Array, UUIDArray, adapt_worker_connection
 from .claimed import claimed_jobs
 from .execution import Outcome, RunningJob, interrupt, timeout_outcome
+from .handback import forced_exit_outcomes, hand_back
 from .heartbeat import Heartbeat
 from .listener import NotificationListener
 from .slots import SlotPool
@@ -537,11 +538,28 @@ class Worker:
             for signum in (signal.SIGTERM, signal.SIGINT)
         }
 
+    def _hand_back(self) -> None:
+        """Before a forced exit: write what this worker holds, within about a second."""
+        # Copies: the loop this signal interrupted may be changing them.
+        outcomes = forced_exit_outcomes(list(self._running.values()), list(self._outcomes))
+        if not outcomes:
+            return
+        written = hand_back(self.using, *_finish_statement(outcomes, self.worker_id))
+        if written is None:
+            logger.error(
+                "%d job(s) not handed back; recovery returns them once their heartbeat "
+                "is STALE_AFTER old",
+                len(outcomes),
+            )
+        else:
+            logger.warning("handed back or recorded %d job(s) before exiting", written)
+
     def _handle_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals_received += 1
         name = signal.Signals(signum).name
         if self._signals_received > 1:
-            logger.warning("%s again: exiting now; recovery will release held jobs", name)
+            logger.warning("%s again: handing held jobs back, then exiting", name)
+            self._hand_back()
             os._exit(128 + signum)
         logger.info(
             "%s: stopping; running jobs have %.1fs to finish (send again to exit at once)",
