@@ -198,9 +198,9 @@ def execute(running: RunningJob, alias: str) -> Outcome:
                 with transaction.atomic(using=alias):
                     # Refused inside the transaction: what the handler wrote before
                     # returning the awaitable is rolled back with the failed attempt.
-                    value = _refuse_awaitable(definition(job), job)
+                    value = refuse_awaitable(definition(job), job)
             else:
-                value = _refuse_awaitable(definition(job), job)
+                value = refuse_awaitable(definition(job), job)
         finally:
             with running.thread_lock:
                 running.thread_id = None
@@ -217,7 +217,7 @@ def execute(running: RunningJob, alias: str) -> Outcome:
     return Outcome(job.id, "completed", result=result, error=note)
 
 
-def _refuse_awaitable(value: Any, job: Job) -> Any:
+def refuse_awaitable(value: Any, job: Job) -> Any:
     """Return ``value``, or raise ``AsyncHandlerError`` if it is a coroutine or another
     awaitable: the handler's body has not run, so the job must not complete."""
     if not inspect.isawaitable(value):
