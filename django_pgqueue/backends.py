@@ -55,6 +55,7 @@ from .tasks_compat import (
     task_finished,
     task_started,
 )
+from .worker.execution import refuse_awaitable
 
 if TYPE_CHECKING:
     from .models import Job
@@ -435,7 +436,10 @@ def run_task_job(job: Job) -> Any:
     context = (TaskContext(task_result=result),) if task.takes_context else ()
     try:
         with transaction.atomic(using=job._state.db) if atomic else contextlib.nullcontext():
-            value = _json_return_value(task.call(*context, *result.args, **result.kwargs))
+            # task.call() runs an async def task itself; a coroutine returned by a
+            # plain function would otherwise fail as a value that is not JSON, unclosed.
+            returned = refuse_awaitable(task.call(*context, *result.args, **result.kwargs), job)
+            value = _json_return_value(returned)
     except BaseException as exc:
         final = _is_last_attempt(job, exc)
         failed = dataclasses.replace(

@@ -62,6 +62,16 @@ class UnknownJobTypeError(PgQueueError, LookupError):
     """No handler is registered for a job type."""
 
 
+class AsyncHandlerError(PgQueueError, TypeError):
+    """A handler returned a coroutine or another awaitable: its body never ran, so the
+    attempt fails (async handlers are not supported yet)."""
+
+
+class UndecodableJobError(PgQueueError, ValueError):
+    """A claimed job holds a value Python cannot read (a time outside years 1 to 9999,
+    say), written outside enqueue's validation: the job fails without running."""
+
+
 class SettingsError(PgQueueError):
     """The ``PGQUEUE`` setting is malformed."""
 

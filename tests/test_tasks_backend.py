@@ -270,6 +270,22 @@ def test_a_task_that_keeps_failing_fails_after_max_attempts(settings):
     assert job.last_traceback == result.errors[0].traceback
 
 
+def test_a_task_returning_a_coroutine_fails_and_never_succeeds(settings):
+    configure(settings, MAX_ATTEMPTS=2)
+    result = test_tasks.returns_coroutine.enqueue()
+    run_until_finished(result)
+
+    assert result.status == TaskResultStatus.FAILED
+    assert result.attempts == 2
+    job = Job.objects.get()
+    assert job.status == JobStatus.FAILED
+    assert job.last_error.startswith(
+        "AsyncHandlerError: the handler of job type "
+        "'task:tests.testapp.tasks.returns_coroutine' returned an awaitable "
+        "(coroutine _never_run) instead of doing its work: async handlers are not supported"
+    )
+
+
 def test_task_finished_reports_ready_while_a_retry_is_coming(settings):
     configure(settings, MAX_ATTEMPTS=2)
     statuses = []

@@ -271,6 +271,18 @@ def test_a_handler_calling_sys_exit_fails_its_job_and_the_slot_goes_on():
     assert status_of(after) == JobStatus.COMPLETED
 
 
+def test_a_handler_returning_an_awaitable_fails_instead_of_completing():
+    job = enqueue("tests.returns_awaitable")  # max_attempts=1
+    Worker(burst=True).run()
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED
+    assert job.last_error.startswith(
+        "AsyncHandlerError: the handler of job type 'tests.returns_awaitable' returned an "
+        "awaitable (_Awaitable) instead of doing its work: async handlers are not supported yet"
+    )
+    assert job.result is None
+
+
 def test_running_a_worker_in_the_main_thread_restores_the_signal_handlers():
     import signal
 

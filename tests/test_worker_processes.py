@@ -11,6 +11,7 @@ from django.utils import timezone
 from django_pgqueue import enqueue
 from django_pgqueue.models import Job, JobStatus
 from django_pgqueue.recovery import recover_stale_jobs
+from django_pgqueue.sideconn import open_raw_connection
 from tests.testapp.models import Execution
 from tests.workers import WorkerProcess, wait_for
 
@@ -96,21 +97,79 @@ def test_sigterm_releases_a_job_that_outlives_the_grace_period(workers):
     assert not Execution.objects.exists()
 
 
-def test_second_signal_exits_at_once_and_recovery_picks_up_the_job(workers):
+def start_a_long_job_and_stop_gracefully(workers, **options):
+    """A worker running a 30 s ``tests.progress`` job, shutting down with 60 s of grace."""
     # tests.progress writes 25 % as soon as its handler starts, then sleeps. A claimed
     # job is 'running' already before a slot starts it, and a SIGTERM then would
     # release it and let the worker exit before the second signal.
-    job = enqueue("tests.progress", {"sleep": 30})
+    job = enqueue("tests.progress", {"sleep": 30}, **options)
     worker = workers("--shutdown-grace", "60")
     wait_for(lambda: Job.objects.get(pk=job.pk).progress == 25)
     worker.signal(signal.SIGTERM)
     wait_for(lambda: "SIGTERM: stopping" in worker.output())
+    return job, worker
+
+
+def test_second_signal_hands_the_running_job_back_and_exits_at_once(workers):
+    job, worker = start_a_long_job_and_stop_gracefully(workers)
     worker.signal(signal.SIGTERM)
 
     assert worker.wait(timeout=10) == 128 + signal.SIGTERM
+    job.refresh_from_db()
+    # Back to pending at once, not after STALE_AFTER; the interrupted attempt counts.
+    assert (job.status, job.attempts, job.worker_id) == (JobStatus.PENDING, 1, None)
+    assert job.last_error == "worker forced to exit"
+    assert job.run_at <= timezone.now()
+    assert recover_stale_jobs() == []
+    assert "handed back or recorded 1 job(s) before exiting" in worker.output()
+
+
+def test_second_signal_fails_a_running_job_whose_attempts_are_spent(workers):
+    job, worker = start_a_long_job_and_stop_gracefully(workers, max_attempts=1)
+    worker.signal(signal.SIGINT)
+
+    assert worker.wait(timeout=10) == 128 + signal.SIGINT
+    job.refresh_from_db()
+    assert (job.status, job.attempts) == (JobStatus.FAILED, 1)
+    assert job.last_error == "worker forced to exit"
+    assert job.completed_at is not None
+
+
+def test_second_signal_exits_even_when_the_hand_back_cannot_run(workers):
+    job, worker = start_a_long_job_and_stop_gracefully(workers)
+    # A lock on the job's row makes the hand-back wait; its statement timeout ends it.
+    with open_raw_connection("default") as blocker, blocker.transaction():
+        blocker.execute("SELECT 1 FROM pgqueue_jobs WHERE id = %s FOR UPDATE", [job.id])
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 128 + signal.SIGTERM
+    assert "1 job(s) not handed back; recovery returns them" in worker.output()
     assert status_of(job) == JobStatus.RUNNING
-    wait_for(lambda: recover_stale_jobs(), timeout=10)
-    assert status_of(job) == JobStatus.PENDING
+
+    wait_for(lambda: recover_stale_jobs(), timeout=15)
+    job.refresh_from_db()
+    assert job.status == JobStatus.PENDING
+    assert "stopped heartbeating" in job.last_error
+
+
+def test_a_handler_returning_a_coroutine_is_retried_then_failed_never_completed(workers):
+    job = enqueue("tests.returns_coroutine")  # max_attempts=2
+    worker = workers()
+    wait_for(lambda: status_of(job) == JobStatus.FAILED, timeout=30)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.output()
+
+    job.refresh_from_db()
+    assert job.attempts == 2
+    assert job.last_error == (
+        "AsyncHandlerError: the handler of job type 'tests.returns_coroutine' returned an "
+        "awaitable (coroutine _record_execution_async) instead of doing its work: async "
+        "handlers are not supported yet. Make the handler a plain (sync) function; to call "
+        "async code from it, wrap that code with asgiref.sync.async_to_sync"
+    )
+    # Neither what the handler wrote before returning nor the coroutine's body is kept.
+    assert not Execution.objects.exists()
+    assert "never awaited" not in worker.output()
+    assert "completed" not in worker.output()
 
 
 def test_burst_worker_process_drains_and_exits_zero(workers):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import threading
@@ -17,7 +18,14 @@ from django.db import OperationalError, connections, transaction
 
 from .. import registry, signals
 from ..backoff import default_backoff
-from ..exceptions import FailJob, JobCancelled, JobTimeout, RetryJob, UnknownJobTypeError
+from ..exceptions import (
+    AsyncHandlerError,
+    FailJob,
+    JobCancelled,
+    JobTimeout,
+    RetryJob,
+    UnknownJobTypeError,
+)
 
 if TYPE_CHECKING:
     from ..models import Job
@@ -84,7 +92,9 @@ class RunningJob:
     duration: float | None = None
 
 
-def _retry_or_fail(running: RunningJob, error: str, tb: str | None, delay: float | None) -> Outcome:
+def retry_or_fail(running: RunningJob, error: str, tb: str | None, delay: float | None) -> Outcome:
+    """A failed attempt: ``pending`` again after ``delay`` (None: the job's backoff), or
+    ``failed`` once its attempts are spent."""
     job = running.job
     if job.attempts >= job.max_attempts:
         return Outcome(job.id, "failed", error=error, traceback=tb)
@@ -110,8 +120,8 @@ def failure_outcome(running: RunningJob, exc: BaseException) -> Outcome:
     if isinstance(exc, FailJob):
         return Outcome(job.id, "failed", error=error, traceback=tb)
     if isinstance(exc, RetryJob):
-        return _retry_or_fail(running, error, tb, exc.delay_seconds)
-    return _retry_or_fail(running, error, tb, None)
+        return retry_or_fail(running, error, tb, exc.delay_seconds)
+    return retry_or_fail(running, error, tb, None)
 
 
 def timeout_outcome(running: RunningJob) -> Outcome:
@@ -121,7 +131,7 @@ def timeout_outcome(running: RunningJob) -> Outcome:
         f"JobTimeout: ran past its timeout of {timeout:g}s and did not stop when "
         "interrupted; the thread was abandoned"
     )
-    return _retry_or_fail(running, error, "", None)
+    return retry_or_fail(running, error, "", None)
 
 
 def _result_json(value: Any) -> tuple[str | None, str | None]:
@@ -186,9 +196,11 @@ def execute(running: RunningJob, alias: str) -> Outcome:
         try:
             if definition.atomic:
                 with transaction.atomic(using=alias):
-                    value = definition(job)
+                    # Refused inside the transaction: what the handler wrote before
+                    # returning the awaitable is rolled back with the failed attempt.
+                    value = refuse_awaitable(definition(job), job)
             else:
-                value = definition(job)
+                value = refuse_awaitable(definition(job), job)
         finally:
             with running.thread_lock:
                 running.thread_id = None
@@ -203,6 +215,23 @@ def execute(running: RunningJob, alias: str) -> Outcome:
     _send(signals.job_completed, job, result=value)
     result, note = _result_json(value)
     return Outcome(job.id, "completed", result=result, error=note)
+
+
+def refuse_awaitable(value: Any, job: Job) -> Any:
+    """Return ``value``, or raise ``AsyncHandlerError`` if it is a coroutine or another
+    awaitable: the handler's body has not run, so the job must not complete."""
+    if not inspect.isawaitable(value):
+        return value
+    if inspect.iscoroutine(value) or inspect.isgenerator(value):
+        value.close()  # never to be awaited: no "coroutine ... was never awaited" warning
+    name = getattr(value, "__qualname__", None)
+    returned = f"{type(value).__name__} {name}" if isinstance(name, str) else type(value).__name__
+    raise AsyncHandlerError(
+        f"the handler of job type {job.job_type!r} returned an awaitable ({returned}) "
+        "instead of doing its work: async handlers are not supported yet. Make the "
+        "handler a plain (sync) function; to call async code from it, wrap that code "
+        "with asgiref.sync.async_to_sync"
+    )
 
 
 class _LostConnections:

@@ -8,7 +8,6 @@ heartbeat thread keeps held jobs alive; a listener thread turns NOTIFY into wake
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -32,7 +31,9 @@ from ..models import Job
 from ..sideconn import open_raw_connection
 from . import queries
 from .adapters import Float8Array, UUIDArray, adapt_worker_connection
+from .claimed import claimed_jobs
 from .execution import Outcome, RunningJob, interrupt, timeout_outcome
+from .handback import forced_exit_outcomes, hand_back
 from .heartbeat import Heartbeat
 from .listener import NotificationListener
 from .slots import SlotPool
@@ -384,7 +385,10 @@ class Worker:
             self._record_finished(outcomes, finish)
         if claim is None:
             return [], asked
-        jobs = Job.from_rows(_column_names(claim), claim.fetchall(), self.using)
+        jobs, undecodable = claimed_jobs(claim, self.using)
+        if undecodable:
+            self._outcomes.extend(undecodable)
+            self._wake.set()  # record their failures now, not after a poll interval
         assert slots is not None
         self._start(jobs, slots)
         return jobs, asked
@@ -534,11 +538,28 @@ class Worker:
             for signum in (signal.SIGTERM, signal.SIGINT)
         }
 
+    def _hand_back(self) -> None:
+        """Before a forced exit: write what this worker holds, within about a second."""
+        # Copies: the loop this signal interrupted may be changing them.
+        outcomes = forced_exit_outcomes(list(self._running.values()), list(self._outcomes))
+        if not outcomes:
+            return
+        written = hand_back(self.using, *_finish_statement(outcomes, self.worker_id))
+        if written is None:
+            logger.error(
+                "%d job(s) not handed back; recovery returns them once their heartbeat "
+                "is STALE_AFTER old",
+                len(outcomes),
+            )
+        else:
+            logger.warning("handed back or recorded %d job(s) before exiting", written)
+
     def _handle_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals_received += 1
         name = signal.Signals(signum).name
         if self._signals_received > 1:
-            logger.warning("%s again: exiting now; recovery will release held jobs", name)
+            logger.warning("%s again: handing held jobs back, then exiting", name)
+            self._hand_back()
             os._exit(128 + signum)
         logger.info(
             "%s: stopping; running jobs have %.1fs to finish (send again to exit at once)",
@@ -546,19 +567,6 @@ class Worker:
             self.shutdown_grace,
         )
         self.stop()
-
-
-def _column_names(cursor: psycopg.Cursor[Any]) -> tuple[str, ...]:
-    """The names of the columns of ``cursor``'s result, without building the
-    ``Column`` objects of ``cursor.description``."""
-    result = cursor.pgresult
-    assert result is not None
-    return _decoded_names(tuple(result.fname(i) or b"" for i in range(result.nfields)))
-
-
-@functools.lru_cache(maxsize=16)
-def _decoded_names(names: tuple[bytes, ...]) -> tuple[str, ...]:
-    return tuple(name.decode() for name in names)
 
 
 def _finish_statement(outcomes: list[Outcome], worker_id: str) -> tuple[str, list[Any]]:

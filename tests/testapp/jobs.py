@@ -2,6 +2,7 @@
 
 import time
 
+from asgiref.sync import sync_to_async
 from django.utils import timezone
 
 from django_pgqueue import Backoff, FailJob, RetryJob, job
@@ -39,6 +40,29 @@ def _record_execution(job):
         started_at=started,
         finished_at=timezone.now(),
     )
+
+
+async def _record_execution_async(job):
+    await sync_to_async(_record_execution)(job)
+
+
+@job("tests.returns_coroutine", max_attempts=2, retry_backoff=NO_BACKOFF)
+def returns_coroutine(job):
+    """Records an execution, then returns a coroutine (what an ``async def`` handler
+    returns): the worker must fail the attempt, roll the record back and never run the
+    coroutine's body."""
+    _record_execution(job)
+    return _record_execution_async(job)
+
+
+class _Awaitable:
+    def __await__(self):
+        yield
+
+
+@job("tests.returns_awaitable", max_attempts=1)
+def returns_awaitable(job):
+    return _Awaitable()
 
 
 @job("tests.fail", max_attempts=3, retry_backoff=NO_BACKOFF)

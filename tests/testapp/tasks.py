@@ -114,3 +114,13 @@ def record(context, label):
         started_at=now,
         finished_at=now,
     )
+
+
+async def _never_run():
+    raise AssertionError("the coroutine's body ran")
+
+
+@task()
+def returns_coroutine():
+    """A plain function returning a coroutine: the worker must fail it, not complete it."""
+    return _never_run()

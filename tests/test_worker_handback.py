@@ -1,0 +1,49 @@
+"""What a worker forced to exit writes for the jobs it holds (worker/handback.py); the
+real processes are in tests/test_worker_processes.py."""
+
+import uuid
+
+from django_pgqueue import registry
+from django_pgqueue.models import Job
+from django_pgqueue.worker.execution import Outcome, RunningJob
+from django_pgqueue.worker.handback import forced_exit_outcomes
+
+
+def held(*, attempts=1, max_attempts=3, started=True, outcome=None):
+    job = Job(
+        id=uuid.uuid4(), job_type="tests.record", attempts=attempts, max_attempts=max_attempts
+    )
+    running = RunningJob(job=job, definition=registry.find_definition(job.job_type))
+    running.started_wall = 1_000.0 if started else None
+    running.outcome = outcome
+    return running
+
+
+def test_a_started_job_is_handed_back_with_its_attempt_counted_or_failed_once_spent():
+    retried, spent = held(attempts=1), held(attempts=3)
+    outcomes = forced_exit_outcomes([retried, spent], [])
+    assert [(o.status, o.delay, o.refund, o.error) for o in outcomes] == [
+        ("pending", 0.0, 0, "worker forced to exit"),
+        ("failed", 0.0, 0, "worker forced to exit"),
+    ]
+
+
+def test_a_job_that_never_started_gets_its_attempt_back():
+    (outcome,) = forced_exit_outcomes([held(started=False)], [])
+    assert (outcome.status, outcome.refund, outcome.error) == (
+        "pending",
+        1,
+        "worker forced to exit",
+    )
+
+
+def test_outcomes_already_known_are_written_as_they_are():
+    finished = held(outcome=Outcome(uuid.uuid4(), "completed"))
+    finished.outcome.job_id = finished.job.id
+    released = held(started=False)
+    unflushed = Outcome(released.job.id, "pending", refund=1)  # a graceful release
+    outcomes = forced_exit_outcomes([finished, released], [unflushed])
+    assert [(o.job_id, o.status, o.started) for o in outcomes] == [
+        (released.job.id, "pending", None),
+        (finished.job.id, "completed", 1_000.0),
+    ]
