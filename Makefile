@@ -5,7 +5,7 @@
 #   make serve   run the example shop (admin + worker) on a throwaway PostgreSQL
 #   make test    run the test suite on a throwaway PostgreSQL
 #   make test-django6  the same on Django 6 (in .venv-dj6, with Python 3.12+ from PYTHON6)
-#   make lint    ruff check and ruff format --check
+#   make lint    ruff check, ruff format --check and the import layers (lint-imports)
 #   make docs    build the documentation (mkdocs --strict)
 #   make bench   benchmark against the peers and pgbench (~20 min; BENCH_ARGS=--quick)
 #   make bench-steady  long run of drains with and without pruning (BENCH_ARGS=--quick)
@@ -73,6 +73,7 @@ test-django6: $(VENV6)/.installed-django6
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 docs: $(VENV)/.installed-docs
 	$(BIN)/mkdocs build --strict

@@ -36,7 +36,7 @@ from . import exceptions as pgqueue_exceptions
 from .enqueue import enqueue as enqueue_job
 from .exceptions import FailJob, InvalidArgumentError, JobCancelled, TaskReturnValueError
 from .registry import JobDefinition
-from .schema import TASK_JOB_PREFIX
+from .schema import TASK_JOB_PREFIX, JobStatus
 from .tasks_compat import (
     TASK_MAX_PRIORITY,
     TASK_MIN_PRIORITY,
@@ -71,12 +71,12 @@ PRIORITY_OFFSET = 100
 #: How each job status reads as a task status. Cancelled jobs read as FAILED (they did
 #: not succeed and will not run); a pending job waiting for a retry reads as READY.
 STATUS_MAP: Mapping[str, str] = {
-    "pending": TaskResultStatus.READY,
-    "claimed": TaskResultStatus.RUNNING,
-    "running": TaskResultStatus.RUNNING,
-    "completed": TaskResultStatus.SUCCESSFUL,
-    "failed": TaskResultStatus.FAILED,
-    "cancelled": TaskResultStatus.FAILED,
+    JobStatus.PENDING: TaskResultStatus.READY,
+    JobStatus.CLAIMED: TaskResultStatus.RUNNING,
+    JobStatus.RUNNING: TaskResultStatus.RUNNING,
+    JobStatus.COMPLETED: TaskResultStatus.SUCCESSFUL,
+    JobStatus.FAILED: TaskResultStatus.FAILED,
+    JobStatus.CANCELLED: TaskResultStatus.FAILED,
 }
 
 _OPTIONS = ("ATOMIC", "DATABASE", "MAX_ATTEMPTS", "TIMEOUT")
@@ -361,7 +361,7 @@ def _exception_class_path(job: Job) -> str:
     name, sep, _ = job.last_error.partition(":")
     if not sep or not name.isidentifier():
         # A failure the worker recorded itself, such as a cancellation before the start.
-        if job.status == "cancelled":
+        if job.status == JobStatus.CANCELLED:
             return f"{JobCancelled.__module__}.{JobCancelled.__qualname__}"
         return f"{pgqueue_exceptions.PgQueueError.__module__}.PgQueueError"
     line = re.compile(rf"^((?:[A-Za-z_]\w*\.)*){re.escape(name)}(?::|$)")

@@ -33,6 +33,7 @@ from django.db import connections, transaction
 from . import conf, registry, reused_cursor, signals, validation
 from .due import DUE
 from .exceptions import DuplicateJobError, InvalidJobError, PgQueueError
+from .schema import ACTIVE, status_in
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -100,7 +101,7 @@ SELECT {_MICROS.format("created_at")}, {_MICROS.format("run_at")}
 """
 
 # The predicate of the partial unique index pgqueue_jobs_unique_key_active (migration 0006).
-_ACTIVE = "status IN ('pending', 'claimed', 'running')"
+_ACTIVE = status_in(ACTIVE)
 _ON_CONFLICT = f"ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND {_ACTIVE} DO NOTHING"
 
 # ``existing`` reads with the statement's snapshot: it sees an active job committed before

@@ -255,19 +255,19 @@ class Job(JobsDatabaseModel):
             models.Index(
                 fields=["-priority", "created_at", "run_at", "queue", "job_type"],
                 name="idx_jobs_claimable",
-                condition=Q(status="pending"),
+                condition=Q(status=JobStatus.PENDING.value),  # CLAIMABLE, its one state
             ),
             models.Index(
                 fields=["worker_id", "heartbeat_at"],
                 name="idx_jobs_worker",
-                condition=Q(status__in=["claimed", "running"]),
+                condition=Q(status__in=schema.values(IN_FLIGHT)),
             ),
             GinIndex(fields=["data"], name="idx_jobs_data", opclasses=["jsonb_path_ops"]),
             # Pruning deletes the oldest finished rows first (pruning.py).
             models.Index(
                 fields=["completed_at"],
                 name="idx_jobs_finished",
-                condition=Q(status__in=["completed", "failed", "cancelled"]),
+                condition=Q(status__in=schema.values(FINISHED)),
             ),
             # The admin lists newest first (then by id, for a stable order): without it
             # every page of the changelist sorts the whole table.
@@ -295,7 +295,7 @@ class Job(JobsDatabaseModel):
             # Only rows with a key are in it: jobs without one cost it nothing.
             models.UniqueConstraint(
                 fields=["unique_key"],
-                condition=Q(unique_key__isnull=False, status__in=["pending", "claimed", "running"]),
+                condition=Q(unique_key__isnull=False, status__in=schema.values(ACTIVE)),
                 name="pgqueue_jobs_unique_key_active",
             ),
         ]

@@ -11,10 +11,13 @@ from collections.abc import Sequence
 from django.db import connections
 
 from . import conf
+from .schema import FINISHED, JobStatus, values
 
 logger = logging.getLogger("django_pgqueue.pruning")
 
-FINISHED_STATUSES = ("completed", "failed", "cancelled")
+FINISHED_STATUSES = tuple(values(FINISHED))
+#: What is pruned unless asked otherwise: failed jobs wait to be handled.
+PRUNED_BY_DEFAULT = (JobStatus.COMPLETED.value, JobStatus.CANCELLED.value)
 
 # One batch: the oldest finished rows first, through idx_jobs_finished; SKIP LOCKED so
 # concurrent pruners (every worker) split the work instead of waiting on each other.
@@ -43,7 +46,7 @@ SELECT count(*)
 def prune_jobs(
     older_than: float,
     *,
-    statuses: Sequence[str] = ("completed", "cancelled"),
+    statuses: Sequence[str] = PRUNED_BY_DEFAULT,
     batch_size: int = 1000,
     max_batches: int | None = None,
     max_seconds: float | None = None,
@@ -94,12 +97,15 @@ def prune_by_settings(*, max_seconds: float, using: str | None = None) -> int:
     if settings.RETENTION is not None:
         deleted += prune_jobs(
             settings.RETENTION,
-            statuses=("completed", "cancelled"),
+            statuses=PRUNED_BY_DEFAULT,
             max_seconds=max_seconds,
             using=using,
         )
     if settings.FAILED_RETENTION is not None:
         deleted += prune_jobs(
-            settings.FAILED_RETENTION, statuses=("failed",), max_seconds=max_seconds, using=using
+            settings.FAILED_RETENTION,
+            statuses=(JobStatus.FAILED.value,),
+            max_seconds=max_seconds,
+            using=using,
         )
     return deleted

@@ -19,6 +19,7 @@ from django.db import connections, transaction
 from . import conf, registry, validation
 from .limits import stored_limits
 from .models import LimitScope, _notify
+from .schema import ACTIVE, CLAIMABLE, IN_FLIGHT, status_in
 
 logger = logging.getLogger("django_pgqueue.queues")
 
@@ -119,9 +120,9 @@ def describe_queues(using: str | None = None) -> list[QueueInfo]:
     alias = conf.jobs_database(using)
     with connections[alias].cursor() as cursor:
         cursor.execute(
-            "SELECT queue, count(*) FILTER (WHERE status = 'pending'), "
-            "count(*) FILTER (WHERE status <> 'pending') FROM pgqueue_jobs "
-            "WHERE status IN ('pending', 'claimed', 'running') GROUP BY queue"
+            f"SELECT queue, count(*) FILTER (WHERE {status_in(CLAIMABLE)}), "
+            f"count(*) FILTER (WHERE {status_in(IN_FLIGHT)}) FROM pgqueue_jobs "
+            f"WHERE {status_in(ACTIVE)} GROUP BY queue"
         )
         counts: dict[str, tuple[int, int]] = {
             queue: (pending, running) for queue, pending, running in cursor.fetchall()

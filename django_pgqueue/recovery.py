@@ -10,18 +10,20 @@ from typing import NamedTuple
 from django.db import connections
 
 from . import conf
+from .schema import IN_FLIGHT, JobStatus, literal, status_in
 
 logger = logging.getLogger("django_pgqueue.recovery")
 
 _RECOVER = "SELECT * FROM recover_stale_jobs(%s * interval '1 second')"
 
-_PREVIEW_STALE = """
+_PREVIEW_STALE = f"""
 SELECT id, job_type, worker_id,
-       CASE WHEN status = 'running' AND attempts >= max_attempts
-            THEN 'failed' ELSE 'pending' END,
-       CASE WHEN status = 'claimed' THEN greatest(attempts - 1, 0) ELSE attempts END
+       CASE WHEN status = {literal(JobStatus.RUNNING)} AND attempts >= max_attempts
+            THEN {literal(JobStatus.FAILED)} ELSE {literal(JobStatus.PENDING)} END,
+       CASE WHEN status = {literal(JobStatus.CLAIMED)}
+            THEN greatest(attempts - 1, 0) ELSE attempts END
   FROM pgqueue_jobs
- WHERE status IN ('claimed', 'running')
+ WHERE {status_in(IN_FLIGHT)}
    AND COALESCE(heartbeat_at, claimed_at, created_at) < now() - %s * interval '1 second'
  ORDER BY heartbeat_at
 """

@@ -53,11 +53,21 @@ ACTIVE = CLAIMABLE | IN_FLIGHT
 RETRYABLE = frozenset({JobStatus.FAILED, JobStatus.CANCELLED})
 
 
-def status_in(states: Iterable[str], column: str = "status") -> str:
-    """SQL text ``status IN ('a', 'b')`` for ``states``, in the enum's order.
+def values(states: Iterable[str]) -> list[str]:
+    """The values of ``states`` as plain strings, in the enum's order (for ORM filters
+    and migrations, which compare lists)."""
+    chosen = set(states)
+    return [state.value for state in JobStatus if state in chosen]
+
+
+def literal(state: JobStatus) -> str:
+    """``state`` as an SQL literal, e.g. ``'pending'``.
 
     The values are the enum's own constants, never user input: safe to inline.
     """
-    chosen = set(states)
-    values = ", ".join(f"'{state.value}'" for state in JobStatus if state in chosen)
-    return f"{column} IN ({values})"
+    return f"'{state.value}'"
+
+
+def status_in(states: Iterable[str], column: str = "status") -> str:
+    """SQL text ``status IN ('a', 'b')`` for ``states``, in the enum's order."""
+    return f"{column} IN ({', '.join(map(repr, values(states)))})"

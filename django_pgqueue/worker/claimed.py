@@ -24,7 +24,7 @@ from psycopg import pq, sql
 
 from ..exceptions import UndecodableJobError
 from ..models import Job
-from .execution import Outcome
+from .execution import FAILED, Outcome
 
 logger = logging.getLogger("django_pgqueue.worker")
 
@@ -93,7 +93,7 @@ def _undecodable(
     logger.error("job %s cannot be decoded and fails: %s", job_id, error)
     return Outcome(
         job_id,
-        "failed",
+        FAILED,
         error=f"{type(error).__name__}: {error}",
         traceback="".join(traceback.format_exception(exc)),
     )

@@ -26,12 +26,21 @@ from ..exceptions import (
     RetryJob,
     UnknownJobTypeError,
 )
+from ..schema import JobStatus
 
 if TYPE_CHECKING:
     from ..models import Job
     from ..registry import JobDefinition
 
 logger = logging.getLogger("django_pgqueue.worker")
+
+
+# Outcome statuses as plain strings (the enum's values): they are counted in dicts,
+# logged, and dumped by psycopg with the rest of an outcome.
+PENDING = JobStatus.PENDING.value
+COMPLETED = JobStatus.COMPLETED.value
+FAILED = JobStatus.FAILED.value
+CANCELLED = JobStatus.CANCELLED.value
 
 
 @dataclass
@@ -97,7 +106,7 @@ def retry_or_fail(running: RunningJob, error: str, tb: str | None, delay: float 
     ``failed`` once its attempts are spent."""
     job = running.job
     if job.attempts >= job.max_attempts:
-        return Outcome(job.id, "failed", error=error, traceback=tb)
+        return Outcome(job.id, FAILED, error=error, traceback=tb)
     if delay is None:
         definition = running.definition
         delay = (
@@ -105,7 +114,7 @@ def retry_or_fail(running: RunningJob, error: str, tb: str | None, delay: float 
             if definition
             else default_backoff().delay(job.attempts)
         )
-    return Outcome(job.id, "pending", delay=float(delay), error=error, traceback=tb)
+    return Outcome(job.id, PENDING, delay=float(delay), error=error, traceback=tb)
 
 
 def failure_outcome(running: RunningJob, exc: BaseException) -> Outcome:
@@ -116,9 +125,9 @@ def failure_outcome(running: RunningJob, exc: BaseException) -> Outcome:
         error = f"JobTimeout: ran past its timeout of {running.definition.timeout:g}s"
     tb = "".join(traceback.format_exception(exc))
     if isinstance(exc, JobCancelled) or running.cancel_event.is_set():
-        return Outcome(job.id, "cancelled", error=error, traceback=tb)
+        return Outcome(job.id, CANCELLED, error=error, traceback=tb)
     if isinstance(exc, FailJob):
-        return Outcome(job.id, "failed", error=error, traceback=tb)
+        return Outcome(job.id, FAILED, error=error, traceback=tb)
     if isinstance(exc, RetryJob):
         return retry_or_fail(running, error, tb, exc.delay_seconds)
     return retry_or_fail(running, error, tb, None)
@@ -159,13 +168,13 @@ def _send(signal: Any, job: Job, **kwargs: Any) -> None:
 
 def _failed(running: RunningJob, exc: BaseException) -> Outcome:
     outcome = failure_outcome(running, exc)
-    if outcome.status in ("pending", "failed"):
+    if outcome.status in (PENDING, FAILED):
         _send(
             signals.job_failed,
             running.job,
             error=outcome.error,
             exception=exc,
-            will_retry=outcome.status == "pending",
+            will_retry=outcome.status == PENDING,
         )
     return outcome
 
@@ -182,7 +191,7 @@ def execute(running: RunningJob, alias: str) -> Outcome:
         return _failed(running, exc)
     if running.cancel_event.is_set():
         # Cancelled while it waited in the prefetch buffer: never started.
-        return Outcome(job.id, "cancelled", error="cancelled before it started")
+        return Outcome(job.id, CANCELLED, error="cancelled before it started")
     _LostConnections.check_since_last_seen()
     job._cancel_event = running.cancel_event
     running.started_wall = time.time()
@@ -214,7 +223,7 @@ def execute(running: RunningJob, alias: str) -> Outcome:
         return _failed(running, exc)
     _send(signals.job_completed, job, result=value)
     result, note = _result_json(value)
-    return Outcome(job.id, "completed", result=result, error=note)
+    return Outcome(job.id, COMPLETED, result=result, error=note)
 
 
 def refuse_awaitable(value: Any, job: Job) -> Any:

@@ -25,7 +25,7 @@ import psycopg
 
 from ..sideconn import open_raw_connection
 from .adapters import adapt_worker_connection
-from .execution import Outcome, RunningJob, retry_or_fail
+from .execution import PENDING, Outcome, RunningJob, retry_or_fail
 
 logger = logging.getLogger("django_pgqueue.worker")
 
@@ -55,7 +55,7 @@ def forced_exit_outcomes(held: Iterable[RunningJob], unflushed: Iterable[Outcome
         if running.outcome is not None:  # finished, not yet taken by the main loop
             outcomes[job_id] = dataclasses.replace(running.outcome, started=running.started_wall)
         elif running.started_wall is None:
-            outcomes[job_id] = Outcome(job_id, "pending", refund=1, error=FORCED_EXIT_ERROR)
+            outcomes[job_id] = Outcome(job_id, PENDING, refund=1, error=FORCED_EXIT_ERROR)
         else:
             outcomes[job_id] = retry_or_fail(running, FORCED_EXIT_ERROR, "", 0.0)
     return list(outcomes.values())

@@ -3,6 +3,12 @@ worker can only change jobs it still holds (recovery may have taken a job back).
 
 from __future__ import annotations
 
+from ..schema import IN_FLIGHT, JobStatus, literal, status_in
+
+_COMPLETED = literal(JobStatus.COMPLETED)
+_PENDING = literal(JobStatus.PENDING)
+_HELD = status_in(IN_FLIGHT, "jobs.status")
+
 # Straight into 'running' (p_start): the jobs go to the slots in this transaction, a
 # free slot starting each at once or, prefetched, as soon as one frees up; FINISH then
 # records when each handler actually started.
@@ -13,14 +19,14 @@ CLAIM = "SELECT * FROM claim_job_batch(%s, %s, %s, %s, true) ORDER BY priority D
 # cancellations alike. A job retried goes back to pending with no worker; a finished
 # one keeps the worker that ran it, for the record. The arrays go in binary (%b):
 # psycopg dumps lists of UUIDs and floats two to three times faster in binary than in text.
-FINISH = """
+FINISH = f"""
 UPDATE pgqueue_jobs AS jobs
    SET status = o.status,
-       progress = CASE WHEN o.status = 'completed' THEN 100 ELSE jobs.progress END,
-       completed_at = CASE WHEN o.status = 'pending' THEN NULL ELSE now() END,
-       run_at = CASE WHEN o.status = 'pending'
+       progress = CASE WHEN o.status = {_COMPLETED} THEN 100 ELSE jobs.progress END,
+       completed_at = CASE WHEN o.status = {_PENDING} THEN NULL ELSE now() END,
+       run_at = CASE WHEN o.status = {_PENDING}
                      THEN now() + o.delay * interval '1 second' ELSE jobs.run_at END,
-       worker_id = CASE WHEN o.status = 'pending' THEN NULL ELSE jobs.worker_id END,
+       worker_id = CASE WHEN o.status = {_PENDING} THEN NULL ELSE jobs.worker_id END,
        attempts = jobs.attempts - o.refund,
        worker_ids = CASE WHEN o.refund > 0 THEN jobs.worker_ids - (-1) ELSE jobs.worker_ids END,
        last_error = COALESCE(o.error, jobs.last_error),
@@ -32,15 +38,15 @@ UPDATE pgqueue_jobs AS jobs
        AS o(id, status, delay, refund, error, traceback, result, started)
  WHERE jobs.id = o.id
    AND jobs.worker_id = %s
-   AND jobs.status IN ('claimed', 'running')
+   AND {_HELD}
 RETURNING jobs.id
 """
 
 # FINISH for a batch in which every job completed with no result and no note: what
 # FINISH writes for such outcomes, from two arrays instead of eight (most batches).
-FINISH_COMPLETED = """
+FINISH_COMPLETED = f"""
 UPDATE pgqueue_jobs AS jobs
-   SET status = 'completed',
+   SET status = {_COMPLETED},
        progress = 100,
        completed_at = now(),
        result = NULL,
@@ -48,16 +54,16 @@ UPDATE pgqueue_jobs AS jobs
   FROM unnest(%b::uuid[], %b::float8[]) AS o(id, started)
  WHERE jobs.id = o.id
    AND jobs.worker_id = %s
-   AND jobs.status IN ('claimed', 'running')
+   AND {_HELD}
 RETURNING jobs.id
 """
 
 # Only the jobs the worker knows it holds: a claim whose answer was lost with the
 # connection must go stale and be recovered, not be kept alive forever.
-HEARTBEAT = """
+HEARTBEAT = f"""
 UPDATE pgqueue_jobs
    SET heartbeat_at = now()
- WHERE id = ANY(%s::uuid[]) AND worker_id = %s AND status IN ('claimed', 'running')
+ WHERE id = ANY(%s::uuid[]) AND worker_id = %s AND {status_in(IN_FLIGHT)}
 RETURNING id, cancel_requested_at IS NOT NULL
 """
 

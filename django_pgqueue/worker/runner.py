@@ -32,7 +32,15 @@ from ..sideconn import open_raw_connection
 from . import queries
 from .adapters import Float8Array, UUIDArray, adapt_worker_connection
 from .claimed import claimed_jobs
-from .execution import Outcome, RunningJob, interrupt, timeout_outcome
+from .execution import (
+    CANCELLED,
+    COMPLETED,
+    PENDING,
+    Outcome,
+    RunningJob,
+    interrupt,
+    timeout_outcome,
+)
 from .handback import forced_exit_outcomes, hand_back
 from .heartbeat import Heartbeat
 from .listener import NotificationListener
@@ -397,7 +405,7 @@ class Worker:
         for job in jobs:
             if job.cancel_requested_at is not None:
                 self._outcomes.append(
-                    Outcome(job.id, "cancelled", error="cancelled before it started")
+                    Outcome(job.id, CANCELLED, error="cancelled before it started")
                 )
                 continue
             # The slot sets the deadline when it starts the handler (execution.execute).
@@ -472,7 +480,7 @@ class Worker:
         period, then release the rest."""
         for running in slots.take_unstarted():
             self._running.pop(running.job.id, None)
-            self._outcomes.append(Outcome(running.job.id, "pending", refund=1))
+            self._outcomes.append(Outcome(running.job.id, PENDING, refund=1))
         self._reap()
         deadline = time.monotonic() + self.shutdown_grace
         if self._running:
@@ -486,7 +494,7 @@ class Worker:
         for job_id, running in self._running.items():
             logger.warning("releasing job %s, still running at shutdown", job_id)
             running.cancel_event.set()
-            self._outcomes.append(Outcome(job_id, "pending", refund=1))
+            self._outcomes.append(Outcome(job_id, PENDING, refund=1))
         self._running.clear()
         for attempt in range(3):
             try:
@@ -573,7 +581,7 @@ def _finish_statement(outcomes: list[Outcome], worker_id: str) -> tuple[str, lis
     """The statement recording ``outcomes``, and its parameters: ``FINISH_COMPLETED``
     when every job completed with no result and no note, else ``FINISH``."""
     if all(
-        o.status == "completed" and o.result is None and o.error is None and o.started is not None
+        o.status == COMPLETED and o.result is None and o.error is None and o.started is not None
         for o in outcomes
     ):
         return queries.FINISH_COMPLETED, _finish_completed_params(outcomes, worker_id)
@@ -605,9 +613,9 @@ def _finish_params(outcomes: list[Outcome], worker_id: str) -> list[Any]:
 
 
 def _log_outcome(job: Job, outcome: Outcome) -> None:
-    if outcome.status == "completed":
+    if outcome.status == COMPLETED:
         logger.debug("job %s (%s) completed", job.id, job.job_type)
-    elif outcome.status == "pending":
+    elif outcome.status == PENDING:
         logger.warning(
             "job %s (%s) attempt %d/%d failed, retrying in %.2fs: %s",
             job.id,
@@ -617,7 +625,7 @@ def _log_outcome(job: Job, outcome: Outcome) -> None:
             outcome.delay,
             outcome.error,
         )
-    elif outcome.status == "cancelled":
+    elif outcome.status == CANCELLED:
         logger.info("job %s (%s) cancelled", job.id, job.job_type)
     else:
         logger.error("job %s (%s) failed: %s", job.id, job.job_type, outcome.error)

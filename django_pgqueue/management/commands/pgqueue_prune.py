@@ -7,7 +7,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_pgqueue.pruning import prune_jobs
+from django_pgqueue.pruning import PRUNED_BY_DEFAULT, prune_jobs
+from django_pgqueue.schema import JobStatus
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw]?)$")
@@ -52,9 +53,9 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        statuses = ["completed", "cancelled"]
+        statuses = list(PRUNED_BY_DEFAULT)
         if options["include_failed"]:
-            statuses.append("failed")
+            statuses.append(JobStatus.FAILED.value)
         try:
             deleted = prune_jobs(
                 parse_duration(options["older_than"]),

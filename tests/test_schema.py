@@ -1,0 +1,102 @@
+"""The job states are stated once (``django_pgqueue.schema``): the SQL the database runs
+(partial indexes, constraints, the installed functions) agrees with the enum's sets."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.db import connection
+
+from django_pgqueue.schema import (
+    ACTIVE,
+    CLAIMABLE,
+    FINISHED,
+    IN_FLIGHT,
+    JobStatus,
+    literal,
+    status_in,
+    values,
+)
+
+pytestmark = pytest.mark.django_db
+
+# status = 'x' or status IN ('x', 'y'), with or without a table prefix.
+_PREDICATE = re.compile(
+    r"(?:\w+\.)?status\)?(?:::text)?\s*(?:=\s*'(\w+)'|IN\s*\(([^)]*)\)|=\s*ANY\s*\(\(?ARRAY\[([^\]]*)\])"
+)
+
+
+def states_named(sql: str) -> list[set[str]]:
+    """Each set of states a ``status = ...`` or ``status IN (...)`` predicate names."""
+    found = []
+    for single, listed, array in _PREDICATE.findall(sql):
+        text = single or listed or array
+        found.append(set(re.findall(r"'(\w+)'", text)) if not single else {single})
+    return found
+
+
+def index_predicate(name: str) -> set[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s", [name])
+        (definition,) = cursor.fetchone()
+    (states,) = states_named(definition.partition(" WHERE ")[2])
+    return states
+
+
+def function_source(name: str) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT prosrc FROM pg_proc WHERE proname = %s", [name])
+        (source,) = cursor.fetchone()
+    return source
+
+
+@pytest.mark.parametrize(
+    ("index", "states"),
+    [
+        ("idx_jobs_claimable", CLAIMABLE),
+        ("idx_jobs_worker", IN_FLIGHT),
+        ("idx_jobs_finished", FINISHED),
+        ("pgqueue_jobs_unique_key_active", ACTIVE),
+    ],
+)
+def test_each_partial_index_covers_its_state_set(index, states):
+    assert index_predicate(index) == set(values(states))
+
+
+def test_the_status_constraint_allows_exactly_the_states():
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint "
+            "WHERE conname = 'pgqueue_jobs_status_valid'"
+        )
+        (definition,) = cursor.fetchone()
+
+    (states,) = states_named(definition)
+    assert states == set(JobStatus.values)
+
+
+def test_the_claim_takes_claimable_jobs_and_counts_jobs_in_flight():
+    named = states_named(function_source("claim_job_batch"))
+
+    assert set(values(CLAIMABLE)) in named
+    assert all(states in (set(values(CLAIMABLE)), set(values(IN_FLIGHT))) for states in named)
+
+
+def test_recovery_reads_jobs_in_flight_only():
+    named = states_named(function_source("recover_stale_jobs"))
+
+    assert set(values(IN_FLIGHT)) in named
+    assert all(states <= set(values(IN_FLIGHT)) for states in named)
+
+
+def test_sets_partition_the_states():
+    assert set(JobStatus) == CLAIMABLE | IN_FLIGHT | FINISHED
+    assert not CLAIMABLE & IN_FLIGHT and not IN_FLIGHT & FINISHED and not CLAIMABLE & FINISHED
+    assert ACTIVE == CLAIMABLE | IN_FLIGHT
+
+
+def test_sql_text_is_built_from_the_enum():
+    assert status_in(IN_FLIGHT, "jobs.status") == "jobs.status IN ('claimed', 'running')"
+    assert literal(JobStatus.PENDING) == "'pending'"
+    assert values(FINISHED) == ["completed", "failed", "cancelled"]
