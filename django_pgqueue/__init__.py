@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import exceptions
 from .backoff import Backoff
-from .enqueue import JobSpec, enqueue, enqueue_many
+from .enqueue import enqueue, enqueue_many
 from .exceptions import (
     DuplicateJobError,
     FailJob,
@@ -18,6 +18,7 @@ from .exceptions import (
     PgQueueError,
     RetryJob,
 )
+from .options import JobSpec
 from .registry import job
 
 if TYPE_CHECKING:

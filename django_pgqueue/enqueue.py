@@ -26,13 +26,14 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Unpack
 
 from django.db import connections, transaction
 
 from . import conf, registry, reused_cursor, signals, validation
 from .due import DUE
 from .exceptions import DuplicateJobError, InvalidJobError, PgQueueError
+from .options import ENQUEUE_KEYS, SPEC_KEYS, EnqueueOptions, JobSpec, check_keys
 from .schema import ACTIVE, status_in
 
 if TYPE_CHECKING:
@@ -182,19 +183,6 @@ def _new_job_id() -> uuid.UUID:
     return uuid.UUID(int=value)
 
 
-class JobSpec(TypedDict, total=False):
-    """One job for :func:`enqueue_many`; keys mirror :func:`enqueue`'s arguments."""
-
-    job_type: str
-    data: dict[str, Any] | None
-    queue: str | None
-    priority: int | None
-    run_at: datetime | None
-    delay: float | timedelta | None
-    max_attempts: int | None
-    unique_key: str | None
-
-
 class _Row(NamedTuple):
     id: uuid.UUID
     job_type: str
@@ -219,8 +207,6 @@ class _Row(NamedTuple):
 
 # The fields the plain inserts (_INSERT_ONE, _INSERT_MANY) take.
 _PLAIN = len(_Row._fields) - 1
-
-_SPEC_KEYS = frozenset(JobSpec.__annotations__)
 
 
 class _Resolved(NamedTuple):
@@ -669,14 +655,9 @@ def enqueue(
     job_type: str,
     data: dict[str, Any] | None = None,
     *,
-    queue: str | None = None,
-    priority: int | None = None,
-    run_at: datetime | None = None,
-    delay: float | timedelta | None = None,
-    max_attempts: int | None = None,
-    unique_key: str | None = None,
     on_duplicate: OnDuplicate = "return",
     using: str | None = None,
+    **options: Unpack[EnqueueOptions],
 ) -> Job:
     """Insert one job and return it.
 
@@ -690,18 +671,21 @@ def enqueue(
     With a ``unique_key`` (or the job type's default key), at most one pending, claimed
     or running job has that key: when one exists, nothing is inserted and that job is
     returned, or :class:`DuplicateJobError` is raised with ``on_duplicate="raise"``.
-    Sends ``job_enqueued`` for the job it inserted.
+    Sends ``job_enqueued`` for the job it inserted. The options are those of
+    :class:`~django_pgqueue.options.EnqueueOptions`; another keyword is a ``TypeError``.
     """
     _check_on_duplicate(on_duplicate)
+    if options:
+        check_keys(options, ENQUEUE_KEYS, "enqueue()")
     row = _prepare(
         job_type,
         data,
-        queue=queue,
-        priority=priority,
-        run_at=run_at,
-        delay=delay,
-        max_attempts=max_attempts,
-        unique_key=unique_key,
+        queue=options.get("queue"),
+        priority=options.get("priority"),
+        run_at=options.get("run_at"),
+        delay=options.get("delay"),
+        max_attempts=options.get("max_attempts"),
+        unique_key=options.get("unique_key"),
     )
     settings = conf.get_settings()
     alias = conf.jobs_database(using)
@@ -791,10 +775,10 @@ def _prepared_rows(specs: Iterable[JobSpec | Mapping[str, Any]]) -> Iterator[_Ro
         prefix = f"specs[{index}]."
         if type(spec) is not dict and not isinstance(spec, Mapping):
             raise InvalidJobError(f"specs[{index}]", f"must be a mapping, got {spec!r}")
-        if not _SPEC_KEYS.issuperset(spec):
-            unknown = sorted(set(spec) - _SPEC_KEYS)
+        if not SPEC_KEYS.issuperset(spec):
+            unknown = sorted(set(spec) - SPEC_KEYS)
             raise InvalidJobError(
-                f"specs[{index}]", f"unknown keys {unknown}; allowed: {sorted(_SPEC_KEYS)}"
+                f"specs[{index}]", f"unknown keys {unknown}; allowed: {sorted(SPEC_KEYS)}"
             )
         if "job_type" not in spec:
             raise InvalidJobError(f"{prefix}job_type", "is required")

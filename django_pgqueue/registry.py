@@ -6,8 +6,7 @@ import functools
 import inspect
 import threading
 from collections.abc import Callable
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, Unpack, overload
 
 from asgiref.sync import iscoroutinefunction
 
@@ -16,14 +15,13 @@ from . import enqueue as enqueueing  # the one intended cycle: enqueue reads @jo
 from .backoff import Backoff, default_backoff
 from .cron import validate_cron
 from .exceptions import JobRegistrationError, SettingsError, UnknownJobTypeError
+from .options import JOB_KEYS, EnqueueOptions, JobOptions, RetryBackoff, UniqueKey, check_keys
 
 if TYPE_CHECKING:
     from .models import Job
 
 Handler = Callable[["Job"], Any]
-RetryBackoff = Backoff | Callable[[int], float]
-#: A default unique key: the key itself, or ``callable(data) -> key`` (``None``: no key).
-UniqueKey = str | Callable[[dict[str, Any]], str | None]
+JobDecorator = Callable[[Handler], "JobDefinition"]
 
 
 class JobDefinition:
@@ -70,27 +68,13 @@ class JobDefinition:
         self,
         data: dict[str, Any] | None = None,
         *,
-        queue: str | None = None,
-        priority: int | None = None,
-        run_at: datetime | None = None,
-        delay: float | timedelta | None = None,
-        max_attempts: int | None = None,
-        unique_key: str | None = None,
         on_duplicate: Literal["return", "raise"] = "return",
         using: str | None = None,
+        **options: Unpack[EnqueueOptions],
     ) -> Job:
         """Enqueue a job of this type; see :func:`django_pgqueue.enqueue`."""
         return enqueueing.enqueue(
-            self.job_type,
-            data,
-            queue=queue,
-            priority=priority,
-            run_at=run_at,
-            delay=delay,
-            max_attempts=max_attempts,
-            unique_key=unique_key,
-            on_duplicate=on_duplicate,
-            using=using,
+            self.job_type, data, on_duplicate=on_duplicate, using=using, **options
         )
 
     def retry_delay(self, attempt: int) -> float:
@@ -233,39 +217,16 @@ def job(job_type: Handler, /) -> JobDefinition: ...
 
 
 @overload
-def job(
-    job_type: str | None = None,
-    /,
-    *,
-    queue: str | None = None,
-    priority: int | None = None,
-    max_attempts: int | None = None,
-    timeout: float | timedelta | None = None,
-    retry_backoff: RetryBackoff | None = None,
-    atomic: bool = True,
-    unique_key: UniqueKey | None = None,
-    schedule: str | None = None,
-    concurrency: int | None = None,
-) -> Callable[[Handler], JobDefinition]: ...
+def job(job_type: str | None = None, /, **options: Unpack[JobOptions]) -> JobDecorator: ...
 
 
 def job(
-    job_type: str | Handler | None = None,
-    /,
-    *,
-    queue: str | None = None,
-    priority: int | None = None,
-    max_attempts: int | None = None,
-    timeout: float | timedelta | None = None,
-    retry_backoff: RetryBackoff | None = None,
-    atomic: bool = True,
-    unique_key: UniqueKey | None = None,
-    schedule: str | None = None,
-    concurrency: int | None = None,
-) -> JobDefinition | Callable[[Handler], JobDefinition]:
+    job_type: str | Handler | None = None, /, **options: Unpack[JobOptions]
+) -> JobDefinition | JobDecorator:
     """Register a handler ``handler(job: Job)``; usable as ``@job`` or ``@job("name", ...)``.
 
-    ``job_type`` defaults to ``"<module>.<function name>"``. ``queue``, ``priority`` and
+    ``job_type`` defaults to ``"<module>.<function name>"``. The options are those of
+    :class:`~django_pgqueue.options.JobOptions`: ``queue``, ``priority`` and
     ``max_attempts`` become the defaults of ``enqueue`` for this type. ``timeout`` bounds
     one run; ``retry_backoff`` is a :class:`Backoff` or ``callable(attempt) -> seconds``.
     With ``atomic=True`` (the default) the handler runs inside ``transaction.atomic``, so
@@ -274,7 +235,19 @@ def job(
     (``PGQUEUE["JOB_TYPE_LIMITS"]`` overrides it). ``unique_key`` is the default key
     of ``enqueue`` for this type: a string, or ``callable(data) -> str | None``.
     ``schedule`` (a cron expression) makes workers enqueue the job on every tick.
+    Another keyword is a ``TypeError``; an invalid value a :class:`JobRegistrationError`
+    or :class:`InvalidJobError` naming it.
     """
+    check_keys(options, JOB_KEYS, "@job()")
+    queue = options.get("queue")
+    priority = options.get("priority")
+    max_attempts = options.get("max_attempts")
+    timeout = options.get("timeout")
+    retry_backoff = options.get("retry_backoff")
+    atomic = options.get("atomic", True)
+    unique_key = options.get("unique_key")
+    schedule = options.get("schedule")
+    concurrency = options.get("concurrency")
     if callable(job_type):
         return job()(job_type)
     if job_type is not None:

@@ -773,3 +773,14 @@ def test_a_time_out_of_range_in_utc_is_rejected_before_writing_in_autocommit(
     error = assert_rejected(lambda: enqueue("tests.noop", run_at=late, unique_key="k"), "run_at")
 
     assert "outside the supported range once converted to UTC" in str(error)
+
+
+def test_an_unknown_option_is_a_type_error_naming_it(django_assert_num_queries, clean_registry):
+    definition = job("tests.enqueue.options")(lambda job: None)
+
+    with django_assert_num_queries(0):
+        with pytest.raises(TypeError, match=r"enqueue\(\) got unexpected keyword arguments"):
+            enqueue("tests.noop", prio=5)
+        with pytest.raises(TypeError, match=r"\['prio'\]"):
+            definition.enqueue({}, prio=5)
+    assert not Job.objects.exists()

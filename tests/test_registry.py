@@ -298,3 +298,19 @@ def test_the_system_check_reports_a_handler_swapped_for_an_async_one():
     assert error.id == "django_pgqueue.E401"
     assert "'tests.registry.swapped' is an async function" in error.msg
     assert "async_to_sync" in error.hint
+
+
+def test_an_unknown_option_is_a_type_error_naming_it():
+    with pytest.raises(TypeError, match=r"@job\(\) got unexpected keyword arguments \['retries'\]"):
+        job("tests.registry.typo", retries=3)
+
+
+def test_the_options_are_declared_once_for_every_entry_point():
+    from django_pgqueue.options import EnqueueOptions, JobDefaults, JobOptions, JobSpec
+
+    shared = JobDefaults.__optional_keys__
+    assert shared == {"queue", "priority", "max_attempts"}
+    assert shared <= EnqueueOptions.__optional_keys__
+    assert shared <= JobOptions.__optional_keys__
+    assert EnqueueOptions.__optional_keys__ <= JobSpec.__optional_keys__
+    assert JobSpec.__required_keys__ == {"job_type"}
