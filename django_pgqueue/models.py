@@ -45,6 +45,8 @@ IN_FLIGHT = (JobStatus.CLAIMED, JobStatus.RUNNING)
 FINISHED = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)
 #: States in which a job holds its ``unique_key`` (the partial unique index's predicate).
 ACTIVE = (JobStatus.PENDING, JobStatus.CLAIMED, JobStatus.RUNNING)
+#: States ``retry()`` puts back to pending.
+RETRYABLE = (JobStatus.FAILED, JobStatus.CANCELLED)
 #: ``retry()`` runs its update again at most this many times when new jobs take the keys.
 UNIQUE_RETRY_ROUNDS = 10
 
@@ -78,7 +80,7 @@ class JobQuerySet(models.QuerySet["Job"]):
         but the newest of several selected jobs sharing a key: those are skipped (and
         logged), never an ``IntegrityError``. Returns the number of jobs retried.
         """
-        eligible = self.filter(status__in=(JobStatus.FAILED, JobStatus.CANCELLED))
+        eligible = self.filter(status__in=RETRYABLE)
         queues = _queues_of(eligible)
         using = _write_db(self)
         held = self.model.objects.filter(unique_key=OuterRef("unique_key"), status__in=ACTIVE)
