@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar, Protocol, TypeVar
 
 from django.contrib.postgres.functions import RandomUUID
@@ -47,6 +47,23 @@ FINISHED = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)
 ACTIVE = (JobStatus.PENDING, JobStatus.CLAIMED, JobStatus.RUNNING)
 #: States ``retry()`` puts back to pending.
 RETRYABLE = (JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+def status_sql(states: JobStatus | Iterable[JobStatus]) -> str:
+    """The SQL predicate "the job is in one of ``states``", for queries written as text.
+
+    ``status_sql(IN_FLIGHT)`` is ``status IN ('claimed', 'running')``; one state gives
+    ``status = 'pending'``. Only members of :class:`JobStatus` are accepted, so the text
+    is safe to interpolate.
+    """
+    members = [states] if isinstance(states, JobStatus) else [JobStatus(s) for s in states]
+    if not members:
+        raise ValueError("status_sql needs at least one state")
+    if len(members) == 1:
+        return f"status = '{members[0].value}'"
+    return "status IN ({})".format(", ".join(f"'{state.value}'" for state in members))
+
+
 #: ``retry()`` runs its update again at most this many times when new jobs take the keys.
 UNIQUE_RETRY_ROUNDS = 10
 

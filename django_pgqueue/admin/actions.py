@@ -13,10 +13,10 @@ from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import reverse
-from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
+from ..due import not_yet_due_q
 from ..models import IN_FLIGHT, RETRYABLE, Job, JobQuerySet, JobStatus
 from .base import JobAdminBase
 
@@ -82,7 +82,9 @@ class JobActions(JobAdminBase):
             "retry": job.status in RETRYABLE,
             "cancel": job.status == JobStatus.PENDING
             or (job.status in IN_FLIGHT and job.cancel_requested_at is None),
-            "run-now": job.status == JobStatus.PENDING and job.run_at > timezone.now(),
+            # "Delayed" as the database decides it, like the action itself.
+            "run-now": job.status == JobStatus.PENDING
+            and self.get_queryset(request).filter(not_yet_due_q(), pk=job.pk).exists(),
         }
         labels = {"retry": _("Retry"), "cancel": _("Cancel"), "run-now": _("Run now")}
         return [

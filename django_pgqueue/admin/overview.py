@@ -1,27 +1,33 @@
-"""The queue overview page: jobs per queue and status, throughput, waiting time, workers;
-and its pause and resume buttons."""
+"""The queue overview page and its pause and resume buttons.
+
+Every figure on the page comes from one :func:`django_pgqueue.stats.snapshot` (with its
+totals), the read model ``pgqueue_status`` and the metrics format too; this module
+only arranges it into rows and links. The table lists the queues with jobs, a pause or
+a limit; a queue that only a worker names shows in that worker's row.
+"""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, Min, Q
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
-from django.utils import timezone
 from django.utils.http import urlencode
 from django.utils.translation import gettext as _
 
-from .. import conf, validation
-from ..due import due_q, not_yet_due_q
+from .. import stats, validation
 from ..exceptions import InvalidArgumentError
-from ..models import IN_FLIGHT, Job, JobStatus, WorkerRecord
-from ..queues import pause_queue, paused_since, queue_limits, resume_queue
+from ..models import JobStatus
+from ..queues import pause_queue, resume_queue
+from ..stats import QueueStats, Snapshot, WorkerState, WorkerStats
 from .base import JobAdminBase
 from .formatting import TEMPLATES, display_datetime, short_duration
+
+#: Most workers listed (the newest heartbeats first, after the state).
+WORKERS_SHOWN = 50
 
 
 class QueueOverview(JobAdminBase):
@@ -60,149 +66,81 @@ class QueueOverview(JobAdminBase):
         """Counts per queue and status, throughput, waiting time, and the workers."""
         if not self.has_view_permission(request):
             raise PermissionDenied
-        now = timezone.now()
+        shot = stats.snapshot(totals=True)
         changelist = reverse(f"{self.admin_site.name}:django_pgqueue_job_changelist")
-        queues = queue_stats(now)
         context = {
             **self.admin_site.each_context(request),
             "title": _("Queue overview"),
             "opts": self.opts,
-            "now": display_datetime(now),
+            "now": display_datetime(shot.taken_at),
             "statuses": JobStatus.choices,
             "queues": [
-                _queue_row(row, now, changelist) | state
-                for row, state in _with_queue_states(queues, self, request)
+                queue_row(queue, changelist) | self._queue_state(request, queue)
+                for queue in shot.queues
+                if queue.has_jobs or queue.paused or queue.max_running is not None
             ],
-            "totals": _queue_row(_totals(queues), now, changelist),
-            "workers": worker_rows(now),
+            "totals": queue_row(shot.all_queues(), changelist),
+            "workers": [worker_row(worker, shot) for worker in shot.workers[:WORKERS_SHOWN]],
             "changelist_url": changelist,
         }
         return TemplateResponse(request, f"{TEMPLATES}/overview.html", context)
 
-
-_STATUS_COUNTS = {status: Count("pk", filter=Q(status=status)) for status in JobStatus.values}
-
-
-def queue_stats(now: datetime) -> list[dict[str, Any]]:
-    """One row per queue: jobs per status, oldest due pending job, recent throughput.
-
-    One pass over the table (a million rows take a fraction of a second): this page is
-    opened on purpose, unlike the changelist.
-    """
-    due = due_q() & Q(status=JobStatus.PENDING)
-    return list(
-        Job.objects.order_by("queue")
-        .values("queue")
-        .annotate(
-            **_STATUS_COUNTS,
-            delayed=Count("pk", filter=not_yet_due_q() & Q(status=JobStatus.PENDING)),
-            oldest_due=Min("run_at", filter=due),
-            completed_last_minute=Count(
-                "pk",
-                filter=Q(status=JobStatus.COMPLETED, completed_at__gte=now - timedelta(minutes=1)),
+    def _queue_state(self, request: HttpRequest, queue: QueueStats) -> dict[str, Any]:
+        """The queue's pause state and limit, and its pause or resume button."""
+        action = "resume" if queue.paused else "pause"
+        button = {
+            "label": _("Resume") if queue.paused else _("Pause"),
+            "url": reverse(
+                f"{self.admin_site.name}:django_pgqueue_job_queue_action",
+                args=[queue.name, action],
             ),
-            completed_last_hour=Count(
-                "pk",
-                filter=Q(status=JobStatus.COMPLETED, completed_at__gte=now - timedelta(hours=1)),
-            ),
-            failed_last_hour=Count(
-                "pk", filter=Q(status=JobStatus.FAILED, completed_at__gte=now - timedelta(hours=1))
-            ),
-        )
-    )
-
-
-def _with_queue_states(
-    rows: list[dict[str, Any]], model_admin: QueueOverview, request: HttpRequest
-) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """Each stats row with its queue's pause state, limit and pause/resume button.
-
-    Paused or limited queues without jobs get an empty row, so they can be resumed here.
-    """
-    paused, limits = paused_since(), queue_limits()
-    present = {row["queue"] for row in rows}
-    rows = sorted(
-        [*rows, *({"queue": name} for name in {*paused, *limits} - present)],
-        key=lambda row: row["queue"],
-    )
-    may_change = model_admin.has_retry_permission(request)
-    site = model_admin.admin_site.name
-    result = []
-    for row in rows:
-        name = row["queue"]
-        action = "resume" if name in paused else "pause"
-        state: dict[str, Any] = {
-            "paused_at": display_datetime(paused.get(name)),
-            "limit": limits.get(name),
-            "queue_action": {
-                "label": _("Resume") if name in paused else _("Pause"),
-                "url": reverse(f"{site}:django_pgqueue_job_queue_action", args=[name, action]),
-            }
-            if may_change
-            else None,
         }
-        result.append((row, state))
-    return result
+        return {
+            "paused_at": display_datetime(queue.paused_at),
+            "limit": queue.max_running,
+            "queue_action": button if self.has_retry_permission(request) else None,
+        }
 
 
-def _totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    totals: dict[str, Any] = {"queue": None}
-    for row in rows:
-        for key, value in row.items():
-            if key == "queue" or value is None:
-                continue
-            if key == "oldest_due":
-                totals[key] = min(value, totals.get(key) or value)
-            else:
-                totals[key] = totals.get(key, 0) + value
-    return totals
+def queue_row(queue: QueueStats, changelist: str) -> dict[str, Any]:
+    """A queue's figures as the table shows them, each count linked to its jobs.
 
-
-def _queue_row(row: dict[str, Any], now: datetime, changelist: str) -> dict[str, Any]:
-    """A stats row with, for each status, its count and the changelist link showing it."""
-    base = {"queue": row["queue"]} if row.get("queue") else {}
-    oldest = row.get("oldest_due")
+    ``queue.name == ""`` is the row of all queues (:meth:`Snapshot.all_queues`).
+    """
+    base = {"queue": queue.name} if queue.name else {}
+    by_status = queue.jobs_by_status()
+    age = queue.oldest_pending_age_seconds
     return {
-        **row,
+        "queue": queue.name or None,
+        **{status.value: by_status[status] or 0 for status in JobStatus},
+        "delayed": queue.scheduled,
+        "oldest_due_wait": short_duration(timedelta(seconds=age)) if age is not None else "",
+        "completed_last_minute": queue.completed_last_minute,
+        "failed_last_minute": queue.failed_last_minute,
+        "cancelled_last_minute": queue.cancelled_last_minute,
+        "completed_last_hour": queue.completed_last_hour or 0,
+        "failed_last_hour": queue.failed_last_hour or 0,
+        "cancelled_last_hour": queue.cancelled_last_hour or 0,
         "counts": [
             {
-                "status": status,
-                "count": row.get(status, 0),
-                "url": f"{changelist}?{urlencode({**base, 'status__exact': status})}",
+                "status": status.value,
+                "count": by_status[status] or 0,
+                "url": f"{changelist}?{urlencode({**base, 'status__exact': status.value})}",
             }
-            for status in JobStatus.values
+            for status in JobStatus
         ],
-        "oldest_due_wait": short_duration(now - oldest) if oldest else "",
         "url": f"{changelist}?{urlencode(base)}",
     }
 
 
-def worker_rows(now: datetime, limit: int = 50) -> list[dict[str, Any]]:
-    """The most recently seen workers, with their state and how many jobs they hold."""
-    held = dict(
-        Job.objects.filter(status__in=IN_FLIGHT)
-        .order_by()
-        .values_list("worker_id")
-        .annotate(count=Count("pk"))
-    )
-    stale_after = timedelta(seconds=conf.get_settings().STALE_AFTER)
-    rows = []
-    for record in WorkerRecord.objects.order_by("-heartbeat_at")[:limit]:
-        if record.stopped_at is not None:
-            state = _("stopped")
-        elif now - record.heartbeat_at > stale_after:
-            state = _("not responding")
-        else:
-            state = _("alive")
-        rows.append(
-            {
-                "record": record,
-                "state": state,
-                "held": held.get(record.worker_id, 0),
-                "last_seen": short_duration(now - record.heartbeat_at),
-                "heartbeat_at": display_datetime(record.heartbeat_at),
-                "started_at": display_datetime(record.started_at),
-                "queues": ", ".join(record.queues) if record.queues else _("all"),
-            }
-        )
-    return rows
+def worker_row(worker: WorkerStats, shot: Snapshot) -> dict[str, Any]:
+    """A worker as the table shows it, its last heartbeat measured at ``shot.taken_at``."""
+    return {
+        "record": worker,
+        "state": WorkerState(worker.state).label,
+        "held": worker.running,
+        "last_seen": short_duration(shot.taken_at - worker.heartbeat_at),
+        "heartbeat_at": display_datetime(worker.heartbeat_at),
+        "started_at": display_datetime(worker.started_at),
+        "queues": ", ".join(worker.queues) if worker.queues else _("all"),
+    }
