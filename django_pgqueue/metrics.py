@@ -17,10 +17,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter as Tally
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 from django.db import DatabaseError, connections
@@ -30,6 +31,7 @@ from django.views.decorators.http import require_safe
 
 from . import conf, signals, stats
 from .exceptions import MissingExtraError
+from .models import FINISHED, Job, JobStatus
 
 try:
     from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
@@ -39,13 +41,12 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised by a test in a fresh import
     raise MissingExtraError("django_pgqueue.metrics", "prometheus-client", "metrics") from exc
 
-if TYPE_CHECKING:
-    from .models import Job
-
 logger = logging.getLogger("django_pgqueue.metrics")
 
 #: Buckets of the worker's histograms, in seconds: jobs take milliseconds to an hour.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+#: The ``status`` label of due-later pending jobs in ``pgqueue_jobs`` (not a job state).
+SCHEDULED = "scheduled"
 #: The quantiles of ``pgqueue_job_wait_seconds``.
 QUANTILES = (("0.5", "wait_p50_seconds"), ("0.95", "wait_p95_seconds"))
 
@@ -118,10 +119,16 @@ def _queue_metrics(snapshot: stats.Snapshot) -> Iterator[Metric]:
         labels=["queue"],
     )
     for queue in snapshot.queues:
-        for status in ("pending", "scheduled", "claimed", "running"):
-            jobs.add_metric([queue.name, status], getattr(queue, status))
-        for status in ("completed", "failed", "cancelled"):
-            finished.add_metric([queue.name, status], getattr(queue, f"{status}_last_minute"))
+        held = (
+            (JobStatus.PENDING.value, queue.pending),
+            (SCHEDULED, queue.scheduled),
+            (JobStatus.CLAIMED.value, queue.claimed),
+            (JobStatus.RUNNING.value, queue.running),
+        )
+        for label, count in held:
+            jobs.add_metric([queue.name, label], count)
+        for status in FINISHED:
+            finished.add_metric([queue.name, status.value], queue.finished_last_minute(status))
         started.add_metric([queue.name], queue.started_last_minute)
         for quantile, attribute in QUANTILES:
             value = getattr(queue, attribute)
@@ -133,17 +140,14 @@ def _queue_metrics(snapshot: stats.Snapshot) -> Iterator[Metric]:
             limit.add_metric([queue.name], queue.max_running)
     yield from (jobs, finished, started, wait, oldest, paused, limit)
 
-    states = {"alive": 0, "not responding": 0}
-    for worker in snapshot.workers:
-        if worker.state in states:
-            states[worker.state] += 1
+    states = Tally(worker.state for worker in snapshot.workers)
     alive = GaugeMetricFamily("pgqueue_workers_alive", "Workers heartbeating now")
-    alive.add_metric([], states["alive"])
+    alive.add_metric([], states[stats.WorkerState.ALIVE])
     lost = GaugeMetricFamily(
         "pgqueue_workers_not_responding",
         "Workers that stopped heartbeating without shutting down (died, or lost the database)",
     )
-    lost.add_metric([], states["not responding"])
+    lost.add_metric([], states[stats.WorkerState.NOT_RESPONDING])
     yield from (alive, lost)
 
 
@@ -195,10 +199,10 @@ class WorkerMetrics:
             self.wait.labels(job.queue).observe(max(waited, 0.0))
 
     def _completed(self, *, job: Job, **kwargs: Any) -> None:
-        self._finished(job, "completed")
+        self._finished(job, JobStatus.COMPLETED.value)
 
     def _failed(self, *, job: Job, will_retry: bool = False, **kwargs: Any) -> None:
-        self._finished(job, "retried" if will_retry else "failed")
+        self._finished(job, "retried" if will_retry else JobStatus.FAILED.value)
 
     def _finished(self, job: Job, outcome: str) -> None:
         self.jobs.labels(job.queue, job.job_type, outcome).inc()

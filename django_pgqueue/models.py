@@ -67,7 +67,7 @@ class JobQuerySet(models.QuerySet["Job"]):
         but the newest of several selected jobs sharing a key: those are skipped (and
         logged), never an ``IntegrityError``. Returns the number of jobs retried.
         """
-        eligible = self.filter(status__in=(JobStatus.FAILED, JobStatus.CANCELLED))
+        eligible = self.filter(status__in=RETRYABLE)
         queues = _queues_of(eligible)
         using = _write_db(self)
         held = self.model.objects.filter(unique_key=OuterRef("unique_key"), status__in=ACTIVE)

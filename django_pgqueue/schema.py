@@ -53,21 +53,36 @@ ACTIVE = CLAIMABLE | IN_FLIGHT
 RETRYABLE = frozenset({JobStatus.FAILED, JobStatus.CANCELLED})
 
 
-def values(states: Iterable[str]) -> list[str]:
+def _members(states: JobStatus | Iterable[str]) -> list[JobStatus]:
+    """``states`` as members of the enum, in its order; ``ValueError`` for anything else."""
+    chosen = {JobStatus(states)} if isinstance(states, str) else {JobStatus(s) for s in states}
+    return [state for state in JobStatus if state in chosen]
+
+
+def values(states: JobStatus | Iterable[str]) -> list[str]:
     """The values of ``states`` as plain strings, in the enum's order (for ORM filters
     and migrations, which compare lists)."""
-    chosen = set(states)
-    return [state.value for state in JobStatus if state in chosen]
+    return [state.value for state in _members(states)]
 
 
 def literal(state: JobStatus) -> str:
     """``state`` as an SQL literal, e.g. ``'pending'``.
 
-    The values are the enum's own constants, never user input: safe to inline.
+    Only members of :class:`JobStatus` are accepted, so the text is safe to inline.
     """
-    return f"'{state.value}'"
+    return f"'{JobStatus(state).value}'"
 
 
-def status_in(states: Iterable[str], column: str = "status") -> str:
-    """SQL text ``status IN ('a', 'b')`` for ``states``, in the enum's order."""
-    return f"{column} IN ({', '.join(map(repr, values(states)))})"
+def status_in(states: JobStatus | Iterable[str], column: str = "status") -> str:
+    """The SQL predicate "the job is in one of ``states``", for queries written as text.
+
+    ``status_in(IN_FLIGHT)`` is ``status IN ('claimed', 'running')``; one state gives
+    ``status = 'pending'``. Only states of :class:`JobStatus` are accepted (``ValueError``
+    otherwise, or for none), so the text is safe to interpolate.
+    """
+    members = _members(states)
+    if not members:
+        raise ValueError("status_in needs at least one state")
+    if len(members) == 1:
+        return f"{column} = {literal(members[0])}"
+    return f"{column} IN ({', '.join(map(literal, members))})"

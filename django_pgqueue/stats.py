@@ -1,13 +1,30 @@
-"""What the queues and workers are doing right now, read from the database.
+"""The read model of the queues and workers: what they are doing now, from the database.
 
-Used by the Prometheus collector (``metrics.py``) and ``manage.py pgqueue_status``; it
-needs neither prometheus-client nor rich.
+The admin's queue overview, ``manage.py pgqueue_status`` and the Prometheus collector
+(``metrics.py``) all format one :class:`Snapshot`; none of them computes a figure of its
+own, so they cannot disagree. It needs neither prometheus-client nor rich.
 
-Every query is served by an index, so a snapshot stays cheap on a table of millions of
-finished jobs: pending jobs through ``idx_jobs_claimable``, claimed and running ones
-through ``idx_jobs_worker``, and finished jobs only for the last minute, through a range
-of ``idx_jobs_finished``. Finished jobs are therefore never counted over all time; the
-total of ``failed`` jobs, which no index serves, is read only when asked for.
+Each figure is defined here, once:
+
+- *Due* and *not yet due* are :mod:`django_pgqueue.due`'s predicates, the claim's own:
+  ``pending`` counts the due pending jobs (the backlog), ``scheduled`` the others
+  (delayed jobs and retries in backoff). The admin's "Pending" column is their sum.
+- Times are the database's: ``taken_at`` is ``statement_timestamp()`` when the snapshot
+  starts, and ages and windows are measured from the statement's time, never the web
+  server's clock nor ``now()`` (inside a caller's long transaction ``now()`` is that
+  transaction's start).
+- *Recent* means the last ``WINDOW_SECONDS`` (60): ``*_last_minute`` counts jobs whose
+  ``completed_at`` (or ``started_at``) falls in it, and the waiting times are those of
+  the jobs started in it. The ``*_last_hour`` counts and the per-status totals of
+  finished jobs are read only with ``snapshot(totals=True)``.
+- A worker is ``alive`` while it heartbeats, ``not responding`` after
+  ``PGQUEUE["STALE_AFTER"]`` seconds without a heartbeat, ``stopped`` once it shut down.
+
+Every query but the totals is served by an index, so a snapshot stays cheap on a table
+of millions of finished jobs: pending jobs through ``idx_jobs_claimable``, claimed and
+running ones through ``idx_jobs_worker``, and finished jobs only for the last minute,
+through a range of ``idx_jobs_finished``. The totals read every finished row: the admin's
+overview, opened on purpose, asks for them; frequent polling should not.
 """
 
 from __future__ import annotations
@@ -17,69 +34,94 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import connections, models, transaction
+from django.utils.translation import gettext_lazy as _
 
 from . import conf
 from .due import DUE, NOT_YET_DUE
 from .models import LimitScope, WorkerRecord
+from .schema import FINISHED, IN_FLIGHT, JobStatus, status_in
 
 #: The window of "recent" figures: throughput and waiting times.
 WINDOW_SECONDS = 60
+#: The longer window of the ``*_last_hour`` counts (read with the totals).
+HOUR_SECONDS = 3600
+
+# The database's time at each statement (see the module docstring).
+_NOW = "statement_timestamp()"
 
 _PENDING = f"""
 SELECT queue,
        count(*) FILTER (WHERE {DUE}),
        count(*) FILTER (WHERE {NOT_YET_DUE}),
-       EXTRACT(EPOCH FROM now() - min(run_at) FILTER (WHERE {DUE}))::float8
+       EXTRACT(EPOCH FROM {_NOW} - min(run_at) FILTER (WHERE {DUE}))::float8
   FROM pgqueue_jobs
- WHERE status = 'pending'
+ WHERE {status_in(JobStatus.PENDING)}
  GROUP BY queue
 """
 
-_IN_FLIGHT = """
+_IN_FLIGHT = f"""
 SELECT queue, worker_id,
-       count(*) FILTER (WHERE status = 'claimed'),
-       count(*) FILTER (WHERE status = 'running')
+       count(*) FILTER (WHERE {status_in(JobStatus.CLAIMED)}),
+       count(*) FILTER (WHERE {status_in(JobStatus.RUNNING)})
   FROM pgqueue_jobs
- WHERE status IN ('claimed', 'running')
+ WHERE {status_in(IN_FLIGHT)}
  GROUP BY queue, worker_id
 """
 
-_FINISHED_RECENTLY = """
+_FINISHED_RECENTLY = f"""
 SELECT queue, status, count(*)
   FROM pgqueue_jobs
- WHERE status IN ('completed', 'failed', 'cancelled')
-   AND completed_at >= now() - %(window)s * interval '1 second'
+ WHERE {status_in(FINISHED)}
+   AND completed_at >= {_NOW} - %(window)s * interval '1 second'
  GROUP BY queue, status
 """
 
 # A job that started in the window is either still in flight or finished in it (it
 # cannot finish before it starts), so both halves stay on a partial index.
-_WAITS = """
+_WAITS = f"""
 SELECT queue, count(*),
        percentile_cont(ARRAY[0.5, 0.95]) WITHIN GROUP (ORDER BY wait)
   FROM (
         SELECT queue, GREATEST(EXTRACT(EPOCH FROM started_at - run_at), 0)::float8 AS wait
           FROM pgqueue_jobs
-         WHERE status IN ('completed', 'failed', 'cancelled')
-           AND completed_at >= now() - %(window)s * interval '1 second'
-           AND started_at >= now() - %(window)s * interval '1 second'
+         WHERE {status_in(FINISHED)}
+           AND completed_at >= {_NOW} - %(window)s * interval '1 second'
+           AND started_at >= {_NOW} - %(window)s * interval '1 second'
         UNION ALL
         SELECT queue, GREATEST(EXTRACT(EPOCH FROM started_at - run_at), 0)::float8
           FROM pgqueue_jobs
-         WHERE status IN ('claimed', 'running')
-           AND started_at >= now() - %(window)s * interval '1 second'
+         WHERE {status_in(IN_FLIGHT)}
+           AND started_at >= {_NOW} - %(window)s * interval '1 second'
        ) AS started
  GROUP BY queue
 """
 
-_FAILED_TOTAL = "SELECT queue, count(*) FROM pgqueue_jobs WHERE status = 'failed' GROUP BY queue"
+# Every finished row: no index narrows it (see the module docstring).
+_FINISHED_TOTALS = f"""
+SELECT queue, status, count(*),
+       count(*) FILTER (WHERE completed_at >= {_NOW} - %(hour)s * interval '1 second')
+  FROM pgqueue_jobs
+ WHERE {status_in(FINISHED)}
+ GROUP BY queue, status
+"""
+
+
+class WorkerState(models.TextChoices):
+    """What a worker is doing, judged from its row of ``pgqueue_workers``."""
+
+    ALIVE = "alive", _("alive")
+    #: No heartbeat for ``PGQUEUE["STALE_AFTER"]``: it died or lost the database.
+    NOT_RESPONDING = "not responding", _("not responding")
+    #: Shut down cleanly.
+    STOPPED = "stopped", _("stopped")
 
 
 @dataclass(frozen=True)
 class QueueStats:
     """One queue. Waiting times are ``started_at - run_at`` of the jobs started in the
-    last ``WINDOW_SECONDS``; ``None`` when no job started then."""
+    last ``WINDOW_SECONDS``; ``None`` when no job started then. Fields that are ``None``
+    unless ``snapshot(totals=True)`` say so."""
 
     name: str
     #: Pending jobs that are due (``run_at`` reached): the backlog.
@@ -97,10 +139,61 @@ class QueueStats:
     #: How long the oldest due pending job has been waiting (``None``: none is due).
     oldest_pending_age_seconds: float | None = None
     paused: bool = False
+    #: When it was paused (``None``: not paused).
+    paused_at: datetime | None = None
     #: ``max_running`` of the queue's concurrency limit (``None``: unlimited).
     max_running: int | None = None
-    #: Every ``failed`` job of the queue; ``None`` unless ``snapshot(failed_total=True)``.
+    #: Every ``failed`` job of the queue (totals).
     failed: int | None = None
+    #: Every ``completed`` job of the queue (totals).
+    completed: int | None = None
+    #: Every ``cancelled`` job of the queue (totals).
+    cancelled: int | None = None
+    #: Jobs finished in the last ``HOUR_SECONDS``, by final status (totals).
+    completed_last_hour: int | None = None
+    failed_last_hour: int | None = None
+    cancelled_last_hour: int | None = None
+
+    def finished_last_minute(self, status: JobStatus) -> int:
+        """Jobs that reached the finished ``status`` in the last ``WINDOW_SECONDS``."""
+        return int(getattr(self, f"{JobStatus(status).value}_last_minute"))
+
+    def jobs_by_status(self) -> dict[JobStatus, int | None]:
+        """Jobs in each state now, due or not (finished ones: ``None`` without totals)."""
+        return {
+            JobStatus.PENDING: self.pending + self.scheduled,
+            JobStatus.CLAIMED: self.claimed,
+            JobStatus.RUNNING: self.running,
+            JobStatus.COMPLETED: self.completed,
+            JobStatus.FAILED: self.failed,
+            JobStatus.CANCELLED: self.cancelled,
+        }
+
+    @property
+    def has_jobs(self) -> bool:
+        """Whether any figure counts a job (with totals: any job the queue ever kept)."""
+        return any(self.jobs_by_status().values()) or any(
+            getattr(self, f"{status.value}_last_minute") for status in FINISHED
+        )
+
+
+#: The fields of :class:`QueueStats` that count jobs: they add up over queues.
+_COUNTS = (
+    "pending",
+    "scheduled",
+    "claimed",
+    "running",
+    "completed_last_minute",
+    "failed_last_minute",
+    "cancelled_last_minute",
+    "started_last_minute",
+    "failed",
+    "completed",
+    "cancelled",
+    "completed_last_hour",
+    "failed_last_hour",
+    "cancelled_last_hour",
+)
 
 
 @dataclass(frozen=True)
@@ -119,13 +212,12 @@ class WorkerStats:
     started_at: datetime
     heartbeat_at: datetime
     stopped_at: datetime | None
-    #: ``"alive"``, ``"stopped"`` (shut down cleanly) or ``"not responding"`` (no
-    #: heartbeat for ``PGQUEUE["STALE_AFTER"]``: it died or lost the database).
+    #: A :class:`WorkerState`: ``"alive"``, ``"not responding"`` or ``"stopped"``.
     state: str
 
     @property
     def alive(self) -> bool:
-        return self.state == "alive"
+        return self.state == WorkerState.ALIVE
 
 
 @dataclass(frozen=True)
@@ -135,6 +227,20 @@ class Snapshot:
     taken_at: datetime
     queues: list[QueueStats] = field(default_factory=list)
     workers: list[WorkerStats] = field(default_factory=list)
+
+    def all_queues(self) -> QueueStats:
+        """The sum over every queue (named ``""``): counts add up, the oldest due job is
+        the oldest of all, and waiting times, which do not add up, are ``None``."""
+        total: dict[str, Any] = {}
+        for name in _COUNTS:
+            known = [getattr(queue, name) for queue in self.queues]
+            if any(value is not None for value in known):
+                total[name] = sum(value or 0 for value in known)
+        ages = [queue.oldest_pending_age_seconds for queue in self.queues]
+        total["oldest_pending_age_seconds"] = max(
+            (age for age in ages if age is not None), default=None
+        )
+        return QueueStats(name="", **total)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON-serialisable data; datetimes as ISO 8601 strings."""
@@ -146,6 +252,8 @@ class Snapshot:
                 return {key: plain(item) for key, item in value.items()}
             if isinstance(value, list):
                 return [plain(item) for item in value]
+            if isinstance(value, str):
+                return str(value)  # a WorkerState is a str, dumped as its value
             return value
 
         return {
@@ -158,21 +266,25 @@ class Snapshot:
         }
 
 
-def snapshot(*, using: str | None = None, failed_total: bool = False) -> Snapshot:
-    """Read the queues and workers now, in one transaction (one ``now()``).
+def snapshot(
+    *, using: str | None = None, totals: bool = False, failed_total: bool = False
+) -> Snapshot:
+    """Read the queues and workers now, in one transaction.
 
     A queue appears when it has pending, claimed or running jobs, jobs finished in the
     last minute, a paused state, a concurrency limit, or a live worker serving it by
-    name. ``failed_total=True`` also counts every ``failed`` job: no index serves that
-    count, so it reads all finished rows; leave it off for frequent polling.
+    name; with ``totals=True``, also when it has any finished job. ``totals=True`` also
+    counts every finished job per status and those of the last hour: no index serves
+    that, so it reads all finished rows; leave it off for frequent polling.
+    ``failed_total=True`` is the older name of ``totals=True``.
     """
+    totals = totals or failed_total
     alias = conf.jobs_database(using)
-    params = {"window": WINDOW_SECONDS}
+    params = {"window": WINDOW_SECONDS, "hour": HOUR_SECONDS}
     queues: dict[str, dict[str, Any]] = defaultdict(dict)
     held_by_worker: dict[str, int] = defaultdict(int)
-    failed: dict[str, int] = {}
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-        cursor.execute("SELECT now()")
+        cursor.execute(f"SELECT {_NOW}")
         (taken_at,) = cursor.fetchone()
 
         cursor.execute(_PENDING)
@@ -197,13 +309,15 @@ def snapshot(*, using: str | None = None, failed_total: bool = False) -> Snapsho
                 started_last_minute=started, wait_p50_seconds=p50, wait_p95_seconds=p95
             )
 
-        if failed_total:
-            cursor.execute(_FAILED_TOTAL)
-            failed = dict(cursor.fetchall())
+        finished_totals: dict[str, dict[str, int]] = defaultdict(dict)
+        if totals:
+            cursor.execute(_FINISHED_TOTALS, params)
+            for name, status, count, last_hour in cursor.fetchall():
+                finished_totals[name].update({status: count, f"{status}_last_hour": last_hour})
 
-        cursor.execute("SELECT name FROM pgqueue_queues WHERE paused_at IS NOT NULL")
-        for (name,) in cursor.fetchall():
-            queues[name]["paused"] = True
+        cursor.execute("SELECT name, paused_at FROM pgqueue_queues WHERE paused_at IS NOT NULL")
+        for name, paused_at in cursor.fetchall():
+            queues[name].update(paused=True, paused_at=paused_at)
 
         cursor.execute(
             "SELECT name, max_running FROM pgqueue_limits WHERE scope = %s", [LimitScope.QUEUE]
@@ -214,12 +328,15 @@ def snapshot(*, using: str | None = None, failed_total: bool = False) -> Snapsho
         workers = _workers(alias, taken_at, held_by_worker)
 
     for worker in workers:
-        if worker.state != "stopped":
+        if worker.state != WorkerState.STOPPED:
             for name in worker.queues or ():
                 queues.setdefault(name, {})
-    if failed_total:
-        for name in queues:
-            queues[name]["failed"] = failed.get(name, 0)
+    if totals:
+        zeros = {status.value: 0 for status in FINISHED} | {
+            f"{status.value}_last_hour": 0 for status in FINISHED
+        }
+        for name in {*queues, *finished_totals}:
+            queues[name].update(zeros | finished_totals.get(name, {}))
     return Snapshot(
         taken_at=taken_at,
         queues=[QueueStats(name=name, **queues[name]) for name in sorted(queues)],
@@ -232,11 +349,11 @@ def _workers(alias: str, now: datetime, held: dict[str, int]) -> list[WorkerStat
     workers = []
     for record in WorkerRecord.objects.using(alias).order_by("-heartbeat_at", "worker_id"):
         if record.stopped_at is not None:
-            state = "stopped"
+            state = WorkerState.STOPPED
         elif now - record.heartbeat_at > stale_after:
-            state = "not responding"
+            state = WorkerState.NOT_RESPONDING
         else:
-            state = "alive"
+            state = WorkerState.ALIVE
         workers.append(
             WorkerStats(
                 worker_id=record.worker_id,
@@ -252,6 +369,6 @@ def _workers(alias: str, now: datetime, held: dict[str, int]) -> list[WorkerStat
                 state=state,
             )
         )
-    order = {"alive": 0, "not responding": 1, "stopped": 2}
-    workers.sort(key=lambda worker: order[worker.state])  # stable: newest heartbeat first
+    order = list(WorkerState)
+    workers.sort(key=lambda worker: order.index(WorkerState(worker.state)))  # stable
     return workers

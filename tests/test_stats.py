@@ -1,5 +1,6 @@
 """``django_pgqueue.stats``: what the queues and workers are doing, read from the jobs."""
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -205,3 +206,21 @@ def test_every_query_can_be_served_by_a_partial_index(query, indexes):
     for index in indexes:
         assert index in plan, plan
     assert "Seq Scan" not in plan, plan
+
+
+def test_ages_are_measured_at_the_snapshot_not_at_the_start_of_the_transaction(make_job):
+    # A test is one transaction, like an admin request with ATOMIC_REQUESTS: its now()
+    # stays at its start, which would make every age look younger than it is.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        (started,) = cursor.fetchone()
+    time.sleep(0.5)
+    now = timezone.now()
+    make_job(queue="emails", run_at=now - timedelta(minutes=5))
+    WorkerRecord.objects.create(worker_id="w", hostname="h", pid=1, concurrency=1, heartbeat_at=now)
+
+    snapshot = stats.snapshot()
+
+    assert snapshot.taken_at >= now > started + timedelta(seconds=0.4)
+    assert by_name(snapshot)["emails"].oldest_pending_age_seconds >= 300
+    assert snapshot.workers[0].heartbeat_at <= snapshot.taken_at

@@ -12,7 +12,7 @@ from django.db import DatabaseError, connections
 
 from django_pgqueue import conf
 from django_pgqueue.exceptions import MissingExtraError
-from django_pgqueue.stats import WINDOW_SECONDS, Snapshot, snapshot
+from django_pgqueue.stats import WINDOW_SECONDS, Snapshot, WorkerState, snapshot
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -75,8 +75,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--failed-total",
             action="store_true",
-            help="Also count every failed job per queue. No index serves this count: it "
-            "reads all finished jobs, so avoid it on big tables with a short --watch.",
+            help="Also count every failed job per queue (--json: every finished job by "
+            "status, and those of the last hour). No index serves these counts: they read "
+            "all finished jobs, so avoid it on big tables with a short --watch.",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -87,7 +88,7 @@ class Command(BaseCommand):
 
         def read() -> Snapshot:
             try:
-                return snapshot(failed_total=options["failed_total"])
+                return snapshot(totals=options["failed_total"])
             except DatabaseError as exc:
                 connection = connections[conf.jobs_database()]
                 if not connection.in_atomic_block:  # reconnect at the next refresh
@@ -215,7 +216,11 @@ def render(shot: Snapshot, *, failed_total: bool = False) -> RenderableType:
     for name in ("worker", "host", "pid", "queues", "slots", "running", "heartbeat", "state"):
         justify = "right" if name in ("pid", "slots", "running", "heartbeat") else "left"
         workers.add_column(name, justify=justify, overflow="fold")
-    styles = {"alive": "green", "not responding": "red", "stopped": "dim"}
+    styles = {
+        WorkerState.ALIVE: "green",
+        WorkerState.NOT_RESPONDING: "red",
+        WorkerState.STOPPED: "dim",
+    }
     for worker in shot.workers[:WORKERS_SHOWN]:
         workers.add_row(
             worker.worker_id,

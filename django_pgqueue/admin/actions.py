@@ -1,0 +1,118 @@
+"""The Job admin's actions: retry, cancel and run now, on the changelist and a job's page.
+
+Each action narrows the selection to the jobs it applies to, changes them through the
+``JobQuerySet`` transitions, and reports how many changed and why others were skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.urls import reverse
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
+
+from ..due import not_yet_due_q
+from ..models import IN_FLIGHT, RETRYABLE, Job, JobQuerySet, JobStatus
+from .base import JobAdminBase
+
+
+class JobActions(JobAdminBase):
+    """The actions ``JobAdmin.actions`` names, and the buttons of a job's page."""
+
+    @admin.action(
+        permissions=["retry"], description=gettext_lazy("Retry selected failed or cancelled jobs")
+    )
+    def retry_jobs(self, request: HttpRequest, queryset: JobQuerySet) -> None:
+        selected = queryset.count()
+        changed = queryset.filter(status__in=RETRYABLE).retry()
+        # What retry() left failed or cancelled: its unique key is held by an active job.
+        held = queryset.filter(status__in=RETRYABLE).count()
+        message = _(
+            "Retry: %(changed)d changed, %(skipped)d skipped (not failed or cancelled)."
+        ) % {"changed": changed, "skipped": selected - changed - held}
+        if held:
+            held_message = _("%(held)d skipped (unique key held by an active job).")
+            message += " " + held_message % {"held": held}
+        self._report(request, message, changed)
+
+    @admin.action(permissions=["retry"], description=gettext_lazy("Cancel selected jobs"))
+    def cancel_jobs(self, request: HttpRequest, queryset: JobQuerySet) -> None:
+        selected = queryset.count()
+        with transaction.atomic(using=queryset.db):
+            cancelled = queryset.filter(status=JobStatus.PENDING).cancel()
+            asked = queryset.filter(status__in=IN_FLIGHT, cancel_requested_at__isnull=True).cancel()
+        changed = cancelled + asked
+        self._report(
+            request,
+            _(
+                "Cancel: %(changed)d changed (%(cancelled)d pending cancelled, %(asked)d "
+                "running asked to stop), %(skipped)d skipped (finished, or already asked "
+                "to stop)."
+            )
+            % {
+                "changed": changed,
+                "cancelled": cancelled,
+                "asked": asked,
+                "skipped": selected - changed,
+            },
+            changed,
+        )
+
+    @admin.action(permissions=["retry"], description=gettext_lazy("Run selected delayed jobs now"))
+    def run_jobs_now(self, request: HttpRequest, queryset: JobQuerySet) -> None:
+        selected = queryset.count()
+        changed = queryset.run_now()
+        self._report(
+            request,
+            _("Run now: %(changed)d changed, %(skipped)d skipped (not delayed pending jobs).")
+            % {"changed": changed, "skipped": selected - changed},
+            changed,
+        )
+
+    def job_actions(self, request: HttpRequest, job: Job) -> list[dict[str, str]]:
+        """The actions the user may apply to ``job`` now: for buttons on its page."""
+        if not self.has_retry_permission(request):
+            return []
+        applicable = {
+            "retry": job.status in RETRYABLE,
+            "cancel": job.status == JobStatus.PENDING
+            or (job.status in IN_FLIGHT and job.cancel_requested_at is None),
+            # "Delayed" as the database decides it, like the action itself.
+            "run-now": job.status == JobStatus.PENDING
+            and self.get_queryset(request).filter(not_yet_due_q(), pk=job.pk).exists(),
+        }
+        labels = {"retry": _("Retry"), "cancel": _("Cancel"), "run-now": _("Run now")}
+        return [
+            {
+                "label": labels[name],
+                "url": reverse(
+                    f"{self.admin_site.name}:django_pgqueue_job_action", args=[job.pk, name]
+                ),
+            }
+            for name, ok in applicable.items()
+            if ok
+        ]
+
+    def object_action_view(self, request: HttpRequest, object_id: str, action: str) -> HttpResponse:
+        """Apply one action to one job (the buttons of its page), then go back to it."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        methods: dict[str, Callable[[HttpRequest, JobQuerySet], None]] = {
+            "retry": self.retry_jobs,
+            "cancel": self.cancel_jobs,
+            "run-now": self.run_jobs_now,
+        }
+        if not (self.has_view_permission(request) and self.has_retry_permission(request)):
+            raise PermissionDenied
+        job = self.get_object(request, object_id)
+        if action not in methods or job is None:
+            return HttpResponse(status=404)
+        methods[action](request, self.get_queryset(request).filter(pk=job.pk))
+        return HttpResponseRedirect(
+            reverse(f"{self.admin_site.name}:django_pgqueue_job_change", args=[job.pk])
+        )

@@ -1,0 +1,39 @@
+"""What every part of the Job admin relies on: its permissions and how it reports changes.
+
+Jobs are read-only here: nobody adds, edits or deletes them by hand. Changing a job's
+state goes through the ``JobQuerySet`` transitions, as actions gated by the
+``django_pgqueue.retry_job`` permission on top of staff status.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.contrib import admin, messages
+from django.http import HttpRequest
+
+from ..models import RETRY_PERMISSION, Job
+
+logger = logging.getLogger("django_pgqueue.admin")
+
+
+class JobAdminBase(admin.ModelAdmin):
+    """The permissions of the Job admin, shared by its changelist, actions and overview."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # jobs come from enqueue(), which validates them and wakes workers
+
+    def has_change_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        return False  # state changes go through the actions, never through a form
+
+    def has_delete_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        return False  # a deleted running job would vanish under its worker; cancel it
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        """May retry, cancel and run jobs now (``django_pgqueue.retry_job``)."""
+        return request.user.has_perm(f"{self.opts.app_label}.{RETRY_PERMISSION}")
+
+    def _report(self, request: HttpRequest, message: str, changed: int) -> None:
+        """Log a change made by the user and tell them (a warning when nothing changed)."""
+        logger.info("admin user %s: %s", request.user.get_username(), message)
+        self.message_user(request, message, messages.SUCCESS if changed else messages.WARNING)

@@ -1,0 +1,206 @@
+"""The Job ModelAdmin: its changelist (columns, filters, search, a bounded paginator) and
+the job page, assembled from the admin's parts.
+
+The cells come from ``cells``, the actions from ``actions``, the live endpoint from
+``live`` and the queue overview from ``overview``; this module says which are shown
+where, and mounts the extra URLs.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.views.main import ChangeList
+from django.core.paginator import Paginator
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.urls import URLPattern, path
+from django.utils.functional import cached_property
+from django.utils.translation import gettext_lazy
+
+from ..models import Job
+from .actions import JobActions
+from .cells import JobCells
+from .filters import JobTypeFilter, QueueFilter, search_filter
+from .formatting import TEMPLATES
+from .live import LiveView
+from .overview import QueueOverview
+
+
+class EstimatedCountPaginator(Paginator):
+    """Counts exactly up to ``exact_count_limit`` rows and estimates beyond that.
+
+    A page of a million-row changelist then costs a bounded scan instead of a
+    ``COUNT(*)`` of the table. Beyond the limit the count is the planner's estimate
+    (``EXPLAIN``, which scales ``pg_class.reltuples``), and ``count_is_estimate`` is set
+    so the page can say "about".
+    """
+
+    exact_count_limit = 10_000
+    count_is_estimate = False
+
+    @cached_property
+    def count(self) -> int:
+        queryset = self.object_list.order_by()
+        exact: int = queryset[: self.exact_count_limit + 1].count()
+        if exact <= self.exact_count_limit:
+            return exact
+        self.count_is_estimate = True
+        return max(planner_estimate(queryset), exact)
+
+
+def planner_estimate(queryset: QuerySet[Any]) -> int:
+    """The number of rows PostgreSQL's planner expects ``queryset`` to return."""
+    plan: Any = json.loads(queryset.explain(format="json"))
+    if isinstance(plan, str):  # depending on the driver, the JSON arrives as text
+        plan = json.loads(plan)
+    return int(plan[0]["Plan"]["Plan Rows"])
+
+
+class JobChangeList(ChangeList):
+    """The changelist, without the large columns no list cell shows."""
+
+    def get_queryset(self, request: HttpRequest, *args: Any, **kwargs: Any) -> QuerySet[Job]:
+        queryset: QuerySet[Job] = super().get_queryset(request, *args, **kwargs)
+        return queryset.defer("data", "result", "last_error", "last_traceback", "worker_ids")
+
+
+class JobAdmin(JobCells, JobActions, LiveView, QueueOverview):
+    """Jobs, read-only, with live progress, retry/cancel/run-now actions and an overview."""
+
+    class Media:
+        css = {"all": ["django_pgqueue/admin/jobs.css"]}
+        js = ["django_pgqueue/admin/jobs.js"]
+
+    change_list_template = f"{TEMPLATES}/change_list.html"
+    change_form_template = f"{TEMPLATES}/change_form.html"
+    paginator = EstimatedCountPaginator
+    list_per_page = 50
+    # Both would count over the whole table on every page load.
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    list_display = (
+        "short_id",
+        "job_type",
+        "queue",
+        "status_badge",
+        "priority",
+        "progress_bar",
+        "attempts_display",
+        "worker",
+        "created",
+        "started",
+        "completed",
+        "age",
+    )
+    list_display_links = ("short_id", "job_type")
+    list_filter = (
+        "status",
+        QueueFilter,
+        JobTypeFilter,
+        ("created_at", admin.DateFieldListFilter),
+    )
+    # The search is ours (get_search_results); naming a field only shows the search box.
+    search_fields = ("job_type",)
+    search_help_text = gettext_lazy(
+        "A job id, part of a job type, an exact unique key, or a payload match: key=value "
+        '(order_id=42) or a JSON object ({"user": {"id": 7}}).'
+    )
+    actions = ("retry_jobs", "cancel_jobs", "run_jobs_now")
+    fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    "id",
+                    "job_type",
+                    "queue",
+                    "priority",
+                    "unique_key",
+                    "status_badge",
+                    "progress_bar",
+                    "stage",
+                    "cancel_requested",
+                )
+            },
+        ),
+        (gettext_lazy("Payload and result"), {"fields": ("data_pretty", "result_pretty")}),
+        (
+            gettext_lazy("Attempts"),
+            {
+                "fields": (
+                    "attempts_display",
+                    "worker",
+                    "worker_ids_display",
+                    "last_error_pre",
+                    "traceback_pre",
+                )
+            },
+        ),
+        (
+            gettext_lazy("Timing"),
+            {
+                "fields": (
+                    "created_full",
+                    "run_at_full",
+                    "claimed_full",
+                    "started_full",
+                    "heartbeat_full",
+                    "completed_full",
+                    "durations",
+                )
+            },
+        ),
+        (gettext_lazy("Progress history"), {"fields": ("history",)}),
+    )
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Job | None = None) -> list[str]:
+        return [name for _name, options in self.fieldsets for name in options["fields"]]
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return JobChangeList
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Job], search_term: str
+    ) -> tuple[QuerySet[Job], bool]:
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        condition = search_filter(term)
+        if condition is None:
+            return queryset.none(), False
+        return queryset.filter(condition), False
+
+    def get_urls(self) -> list[URLPattern]:
+        wrap = self.admin_site.admin_view
+        return [
+            path("overview/", wrap(self.overview_view), name="django_pgqueue_job_overview"),
+            path(
+                "overview/queues/<str:queue>/<str:action>/",
+                wrap(self.queue_action_view),
+                name="django_pgqueue_job_queue_action",
+            ),
+            path("live/", wrap(self.live_view), name="django_pgqueue_job_live"),
+            path(
+                "<path:object_id>/actions/<str:action>/",
+                wrap(self.object_action_view),
+                name="django_pgqueue_job_action",
+            ),
+            *super().get_urls(),
+        ]
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        job = self.get_object(request, object_id)
+        extra: dict[str, Any] = {"pgqueue_actions": self.job_actions(request, job) if job else []}
+        if job is not None:
+            # str(job) includes the status, which the live refresh keeps current elsewhere.
+            extra["subtitle"] = f"{job.job_type} {job.pk}"
+        return super().change_view(request, object_id, form_url, {**extra, **(extra_context or {})})

@@ -1,0 +1,146 @@
+"""The queue overview page and its pause and resume buttons.
+
+Every figure on the page comes from one :func:`django_pgqueue.stats.snapshot` (with its
+totals), the read model ``pgqueue_status`` and the metrics format too; this module
+only arranges it into rows and links. The table lists the queues with jobs, a pause or
+a limit; a queue that only a worker names shows in that worker's row.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.http import urlencode
+from django.utils.translation import gettext as _
+
+from .. import stats, validation
+from ..exceptions import InvalidArgumentError
+from ..models import JobStatus
+from ..queues import pause_queue, resume_queue
+from ..stats import QueueStats, Snapshot, WorkerState, WorkerStats
+from .base import JobAdminBase
+from .formatting import TEMPLATES, display_datetime, short_duration
+
+#: Most workers listed (the newest heartbeats first, after the state).
+WORKERS_SHOWN = 50
+
+
+class QueueOverview(JobAdminBase):
+    """``JobAdmin.overview_view`` (``overview/``) and ``queue_action_view``."""
+
+    def queue_action_view(self, request: HttpRequest, queue: str, action: str) -> HttpResponse:
+        """Pause or resume one queue (the overview's buttons), then go back to the overview."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not (self.has_view_permission(request) and self.has_retry_permission(request)):
+            raise PermissionDenied
+        try:
+            validation.queue(queue)
+        except InvalidArgumentError:
+            return HttpResponse(status=404)
+        if action == "pause":
+            changed = pause_queue(queue)
+            message = (
+                _("Queue “%s” paused: workers claim none of its jobs until it is resumed.")
+                if changed
+                else _("Queue “%s” was already paused.")
+            )
+        elif action == "resume":
+            changed = resume_queue(queue)
+            message = (
+                _("Queue “%s” resumed: workers claim its jobs again.")
+                if changed
+                else _("Queue “%s” was not paused.")
+            )
+        else:
+            return HttpResponse(status=404)
+        self._report(request, message % queue, int(changed))
+        return HttpResponseRedirect(reverse(f"{self.admin_site.name}:django_pgqueue_job_overview"))
+
+    def overview_view(self, request: HttpRequest) -> TemplateResponse:
+        """Counts per queue and status, throughput, waiting time, and the workers."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        shot = stats.snapshot(totals=True)
+        changelist = reverse(f"{self.admin_site.name}:django_pgqueue_job_changelist")
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Queue overview"),
+            "opts": self.opts,
+            "now": display_datetime(shot.taken_at),
+            "statuses": JobStatus.choices,
+            "queues": [
+                queue_row(queue, changelist) | self._queue_state(request, queue)
+                for queue in shot.queues
+                if queue.has_jobs or queue.paused or queue.max_running is not None
+            ],
+            "totals": queue_row(shot.all_queues(), changelist),
+            "workers": [worker_row(worker, shot) for worker in shot.workers[:WORKERS_SHOWN]],
+            "changelist_url": changelist,
+        }
+        return TemplateResponse(request, f"{TEMPLATES}/overview.html", context)
+
+    def _queue_state(self, request: HttpRequest, queue: QueueStats) -> dict[str, Any]:
+        """The queue's pause state and limit, and its pause or resume button."""
+        action = "resume" if queue.paused else "pause"
+        button = {
+            "label": _("Resume") if queue.paused else _("Pause"),
+            "url": reverse(
+                f"{self.admin_site.name}:django_pgqueue_job_queue_action",
+                args=[queue.name, action],
+            ),
+        }
+        return {
+            "paused_at": display_datetime(queue.paused_at),
+            "limit": queue.max_running,
+            "queue_action": button if self.has_retry_permission(request) else None,
+        }
+
+
+def queue_row(queue: QueueStats, changelist: str) -> dict[str, Any]:
+    """A queue's figures as the table shows them, each count linked to its jobs.
+
+    ``queue.name == ""`` is the row of all queues (:meth:`Snapshot.all_queues`).
+    """
+    base = {"queue": queue.name} if queue.name else {}
+    by_status = queue.jobs_by_status()
+    age = queue.oldest_pending_age_seconds
+    return {
+        "queue": queue.name or None,
+        **{status.value: by_status[status] or 0 for status in JobStatus},
+        "delayed": queue.scheduled,
+        "oldest_due_wait": short_duration(timedelta(seconds=age)) if age is not None else "",
+        "completed_last_minute": queue.completed_last_minute,
+        "failed_last_minute": queue.failed_last_minute,
+        "cancelled_last_minute": queue.cancelled_last_minute,
+        "completed_last_hour": queue.completed_last_hour or 0,
+        "failed_last_hour": queue.failed_last_hour or 0,
+        "cancelled_last_hour": queue.cancelled_last_hour or 0,
+        "counts": [
+            {
+                "status": status.value,
+                "count": by_status[status] or 0,
+                "url": f"{changelist}?{urlencode({**base, 'status__exact': status.value})}",
+            }
+            for status in JobStatus
+        ],
+        "url": f"{changelist}?{urlencode(base)}",
+    }
+
+
+def worker_row(worker: WorkerStats, shot: Snapshot) -> dict[str, Any]:
+    """A worker as the table shows it, its last heartbeat measured at ``shot.taken_at``."""
+    return {
+        "record": worker,
+        "state": WorkerState(worker.state).label,
+        "held": worker.running,
+        "last_seen": short_duration(shot.taken_at - worker.heartbeat_at),
+        "heartbeat_at": display_datetime(worker.heartbeat_at),
+        "started_at": display_datetime(worker.started_at),
+        "queues": ", ".join(worker.queues) if worker.queues else _("all"),
+    }
