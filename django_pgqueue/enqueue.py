@@ -285,16 +285,16 @@ def _resolve_memo(
 def _prepare(
     job_type: Any,
     data: Any,
+    options: Mapping[str, Any],
     *,
-    queue: Any,
-    priority: Any,
-    run_at: Any,
-    delay: Any,
-    max_attempts: Any,
-    unique_key: Any = None,
     prefix: str = "",
     memo: dict[tuple[Any, ...], _Resolved] | None = None,
 ) -> _Row:
+    """Validate one job: ``options`` are its :class:`EnqueueOptions` (an enqueue's
+    keywords, or a spec of ``enqueue_many``, whose other keys are ignored here)."""
+    get = options.get
+    queue, priority, max_attempts = get("queue"), get("priority"), get("max_attempts")
+    run_at, delay, unique_key = get("run_at"), get("delay"), get("unique_key")
     if memo is None:
         resolved = _resolve(job_type, queue, priority, max_attempts, prefix)
     else:
@@ -677,16 +677,7 @@ def enqueue(
     _check_on_duplicate(on_duplicate)
     if options:
         check_keys(options, ENQUEUE_KEYS, "enqueue()")
-    row = _prepare(
-        job_type,
-        data,
-        queue=options.get("queue"),
-        priority=options.get("priority"),
-        run_at=options.get("run_at"),
-        delay=options.get("delay"),
-        max_attempts=options.get("max_attempts"),
-        unique_key=options.get("unique_key"),
-    )
+    row = _prepare(job_type, data, options)
     settings = conf.get_settings()
     alias = conf.jobs_database(using)
     if row.unique_key is not None:
@@ -782,18 +773,7 @@ def _prepared_rows(specs: Iterable[JobSpec | Mapping[str, Any]]) -> Iterator[_Ro
             )
         if "job_type" not in spec:
             raise InvalidJobError(f"{prefix}job_type", "is required")
-        yield _prepare(
-            spec["job_type"],
-            spec.get("data"),
-            queue=spec.get("queue"),
-            priority=spec.get("priority"),
-            run_at=spec.get("run_at"),
-            delay=spec.get("delay"),
-            max_attempts=spec.get("max_attempts"),
-            unique_key=spec.get("unique_key"),
-            prefix=prefix,
-            memo=memo,
-        )
+        yield _prepare(spec["job_type"], spec.get("data"), spec, prefix=prefix, memo=memo)
 
 
 def _enqueue_many_unique(rows: list[_Row], on_duplicate: OnDuplicate, alias: str) -> list[Job]:
