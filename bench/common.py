@@ -123,7 +123,9 @@ class WorkerGroup:
         processes = [
             subprocess.Popen(
                 list(command),
-                cwd=ROOT,
+                # The harness's own directory (the repository, or for a baseline one
+                # where only bench/ is importable: bench/baseline.py).
+                cwd=None,
                 env=env,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,

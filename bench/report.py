@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import baseline
 from bench.systems.harness_pgqueue import PAIRED_BLOCK, PREPARED_OPTIONS
 
 
@@ -156,7 +157,7 @@ def targets(results: Results, ours: str = "pgqueue") -> list[Target]:
         f
         for f in results.figures
         if f.workload == "W3"
-        and f.system not in (ours, "pgbench")
+        and f.system not in (ours, "pgbench", baseline.NAME)
         and f.median is not None
         and f.variant != ""
     ]
@@ -277,6 +278,7 @@ def markdown(results: Results) -> str:
         "",
         targets_table(results),
         "",
+        *baseline_section(results),
         "## Enqueue and latency",
         "",
         "| System | W1 single (jobs/s) | W2 bulk (jobs/s) | W4 p50 (ms) | W4 p99 (ms) |",
@@ -430,9 +432,54 @@ def _color(system: str) -> str:
     }.get(system, "#777777")
 
 
+#: The least ratio to the baseline a figure may show (``--baseline``).
+BASELINE_GOAL = 0.97
+
+
+def baseline_targets(results: Results) -> list[Target]:
+    """Each compared figure of the working tree as a ratio to the same figure of the
+    baseline (``bench/run.py --baseline REV``); empty without one."""
+    if not any(f.system == baseline.NAME for f in results.figures):
+        return []
+    found = []
+    for workload, variant in baseline.COMPARED:
+        ours = results.find("pgqueue", workload, variant)
+        before = results.find(baseline.NAME, workload, variant)
+        if ours is None or before is None:
+            continue
+        found.append(
+            Target(
+                f"{workload} {variant or 'default'} vs baseline",
+                _ratio(ours.median, before.median),
+                BASELINE_GOAL,
+                unit="x",
+                detail=f"{ours.cell('jobs/s')} against {before.cell('jobs/s')}",
+            )
+        )
+    return found
+
+
+def baseline_section(results: Results) -> list[str]:
+    rows = baseline_targets(results)
+    if not rows:
+        return []
+    label = _system_label(results, baseline.NAME)
+    return [
+        f"## Against the baseline ({label})",
+        "",
+        "The same workloads, in the same runs, interleaved: the working tree over the "
+        "baseline, medians.",
+        "",
+        "| Figure | Target | Measured | Verdict | Working tree against baseline (jobs/s) |",
+        "|---|---|---|---|---|",
+        *(target.row() for target in rows),
+        "",
+    ]
+
+
 def summary_lines(results: Results) -> Iterable[str]:
     """What the command prints at the end: the targets, one per line."""
-    for target in targets(results):
+    for target in [*targets(results), *baseline_targets(results)]:
         measured = "-" if target.measured is None else f"{target.measured:,.2f}"
         sign = ">=" if target.higher_is_better else "<"
         yield (

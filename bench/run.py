@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import math
@@ -34,7 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import report  # noqa: E402
+from bench import baseline, report  # noqa: E402
 from bench.report import Figure, Results, SystemInfo  # noqa: E402
 
 #: Durable settings for the benchmark's own server: never the test tuning. Checkpoints
@@ -111,6 +112,8 @@ class SystemSpec:
     layouts: dict[str, str]
     unsupported: dict[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    #: Where its harness runs and imports ``bench`` from (None: the repository).
+    harness_path: Path | None = None
 
 
 SYSTEMS = [
@@ -315,13 +318,18 @@ def distribution_version(python: str, distribution: str) -> str:
     return result.stdout.strip()
 
 
-def harness(python: str, module: str, dsn: str, *args: str, timeout: float) -> dict[str, Any]:
-    """Run one harness command in its own process group; return its JSON result."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def harness(
+    python: str, module: str, dsn: str, *args: str, timeout: float, path: Path = ROOT
+) -> dict[str, Any]:
+    """Run one harness command in its own process group; return its JSON result.
+
+    ``path``: its working directory and ``PYTHONPATH``, where ``bench`` is imported from.
+    """
+    env = {**os.environ, "PYTHONPATH": str(path)}
     env.pop("DJANGO_SETTINGS_MODULE", None)
     process = subprocess.Popen(
         [python, "-m", module, "--dsn", dsn, *args],
-        cwd=ROOT,
+        cwd=path,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -356,7 +364,8 @@ class Prepared:
 
     def run(self, *args: str, history: bool = False, timeout: float = 1800) -> dict[str, Any]:
         dsn = self.history if history else self.dsn
-        return harness(self.python, self.spec.module, dsn, *args, timeout=timeout)
+        path = self.spec.harness_path or ROOT
+        return harness(self.python, self.spec.module, dsn, *args, timeout=timeout, path=path)
 
 
 # -- pgbench ----------------------------------------------------------------------------
@@ -510,12 +519,13 @@ class Bench:
                     lambda n, s=system: s.run(command, "--jobs", str(n)),
                 )
             if workload == "W1" and pgqueue:
-                self.throughput(
-                    ("pgqueue", "W1", "prepared"),
-                    run,
-                    nominal,
-                    lambda n, p=pgqueue: p.run("enqueue-single-prepared", "--jobs", str(n)),
-                )
+                for build in self._pgqueue_builds():
+                    self.throughput(
+                        (build.spec.name, "W1", "prepared"),
+                        run,
+                        nominal,
+                        lambda n, p=build: p.run("enqueue-single-prepared", "--jobs", str(n)),
+                    )
                 self.throughput(
                     ("reference", "W1", "bare INSERT"),
                     run,
@@ -532,6 +542,10 @@ class Bench:
 
     def _pgqueue(self) -> Prepared | None:
         return next((s for s in self.systems if s.spec.name == "pgqueue"), None)
+
+    def _pgqueue_builds(self) -> list[Prepared]:
+        """The working tree's django-pgqueue, then the baseline's, if benchmarked."""
+        return [s for s in self.systems if s.spec.name in ("pgqueue", baseline.NAME)]
 
     def drain(self, workload: str, nominal: int, *, kind: str = "noop") -> None:
         """W3 (each run followed by the same run of W5, in the database with the finished
@@ -611,13 +625,21 @@ def prepare(bench: Bench, specs: Sequence[SystemSpec], admin_url: str, args: Any
         try:
             python = ensure_venv(spec, Path(args.venv_dir))
             info.version = distribution_version(python, spec.distribution)
+            path = spec.harness_path or ROOT
             dsn = fresh_database(admin_url, spec.name)
-            harness(python, spec.module, dsn, "setup", timeout=300)
+            harness(python, spec.module, dsn, "setup", timeout=300, path=path)
             history = fresh_database(admin_url, f"{spec.name}_w5")
-            harness(python, spec.module, history, "setup", timeout=300)
+            harness(python, spec.module, history, "setup", timeout=300, path=path)
             rows = str(bench.sizes.w5_rows)
             filled = harness(
-                python, spec.module, history, "fill-finished", "--rows", rows, timeout=1800
+                python,
+                spec.module,
+                history,
+                "fill-finished",
+                "--rows",
+                rows,
+                timeout=1800,
+                path=path,
             )
             log(f"{spec.label}: {bench.sizes.w5_rows:,} finished rows in {filled['seconds']:.1f}s")
         except (Unavailable, HarnessError) as exc:
@@ -720,7 +742,29 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--keep-databases", action="store_true", help="leave the benchmark databases behind"
     )
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        default=None,
+        help="also run django-pgqueue as of commit REV (system pgqueue-before) and report "
+        "each figure's ratio to it (bench/baseline.py)",
+    )
     return parser.parse_args(argv)
+
+
+def baseline_spec(rev: str, venv_dir: Path) -> SystemSpec:
+    """django-pgqueue at ``rev``, driven by this tree's harness (bench/baseline.py)."""
+    commit = baseline.resolve(rev)
+    ours = next(spec for spec in SYSTEMS if spec.name == "pgqueue")
+    source = baseline.checkout(commit, venv_dir)
+    return dataclasses.replace(
+        ours,
+        name=baseline.NAME,
+        label=f"django-pgqueue at {commit[:9]}",
+        requirements=baseline.requirements(source),
+        notes=(f"The package as of {commit[:9]} ({rev}), with this tree's harness.",),
+        harness_path=baseline.harness_path(venv_dir),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -734,16 +778,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"unknown systems {unknown}; choose from {ALL_NAMES}")
     specs = [spec for spec in SYSTEMS if spec.name in names]
+    if args.baseline:
+        before = baseline_spec(args.baseline, Path(args.venv_dir))
+        specs.insert(1 if specs and specs[0].name == "pgqueue" else 0, before)
     results_dir = Path(args.results_dir) if args.results_dir else None
     if results_dir is None and not args.smoke:
         results_dir = ROOT / "bench" / "results"
 
     started = datetime.now(UTC)
-    infos = [
-        SystemInfo(spec.name, spec.label, notes=list(spec.notes))
-        for spec in SYSTEMS
-        if spec.name in names
-    ]
+    infos = [SystemInfo(spec.name, spec.label, notes=list(spec.notes)) for spec in specs]
     if "pgbench" in names:
         infos.append(
             SystemInfo(

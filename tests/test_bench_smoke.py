@@ -85,3 +85,45 @@ def test_bench_steady_smoke_run_measures_both_modes(tmp_path: Path) -> None:
     assert report.count("| Round |") == 2, report
     assert "last/first" in result.stdout
     assert not (tmp_path / "steady.png").exists()
+
+
+def test_a_baseline_run_reports_each_figure_as_a_ratio_to_it(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT))
+    from bench import baseline, report
+
+    figures = []
+    for system, scale in (("pgqueue", 1.0), (baseline.NAME, 2.0)):
+        for workload, variant in baseline.COMPARED:
+            figures.append(report.Figure(system, workload, variant, values=[100.0 / scale]))
+    results = report.Results(
+        meta={},
+        systems=[
+            report.SystemInfo("pgqueue", "django-pgqueue"),
+            report.SystemInfo(baseline.NAME, "django-pgqueue at abc"),
+        ],
+        figures=figures,
+    )
+
+    rows = report.baseline_targets(results)
+
+    assert [row.measured for row in rows] == [2.0] * len(baseline.COMPARED)
+    assert all(row.verdict == "PASS" for row in rows)
+    assert "## Against the baseline (django-pgqueue at abc)" in report.markdown(results)
+    # The baseline is not a peer of ours.
+    peer = next(t for t in report.targets(results) if t.name == "W3 vs best peer")
+    assert peer.measured is None
+
+
+def test_a_baseline_checkout_is_the_commits_tree_and_hides_the_working_tree(
+    tmp_path: Path,
+) -> None:
+    sys.path.insert(0, str(ROOT))
+    from bench import baseline
+
+    commit = baseline.resolve("HEAD")
+    source = baseline.checkout(commit, tmp_path)
+    path = baseline.harness_path(tmp_path)
+
+    assert (source / "django_pgqueue" / "__init__.py").exists()
+    assert sorted(p.name for p in path.iterdir()) == ["bench"]
+    assert (path / "bench" / "run.py").exists()
