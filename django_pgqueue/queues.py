@@ -12,14 +12,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from django.db import connections, transaction
 
-from . import conf, registry, validation
+from . import conf, registry, stats, validation
 from .limits import stored_limits
 from .models import LimitScope, _notify
-from .schema import ACTIVE, CLAIMABLE, IN_FLIGHT, status_in
 
 logger = logging.getLogger("django_pgqueue.queues")
 
@@ -113,35 +111,27 @@ def known_queues(using: str | None = None) -> list[str]:
 def describe_queues(using: str | None = None) -> list[QueueInfo]:
     """Every queue worth showing, sorted by name, with its state and active jobs.
 
-    That is: queues with pending, claimed or running jobs, paused (or once paused)
-    queues, limited queues, the default queue and the queues of registered job types.
-    Finished jobs are not read, so this stays cheap on a large table.
+    The figures are those of the read model (:func:`django_pgqueue.stats.snapshot`):
+    the queues it reports (active, recently finished, paused, limited or served by a
+    worker by name), the default queue and the queues of registered job types.
     """
-    alias = conf.jobs_database(using)
-    with connections[alias].cursor() as cursor:
-        cursor.execute(
-            f"SELECT queue, count(*) FILTER (WHERE {status_in(CLAIMABLE)}), "
-            f"count(*) FILTER (WHERE {status_in(IN_FLIGHT)}) FROM pgqueue_jobs "
-            f"WHERE {status_in(ACTIVE)} GROUP BY queue"
-        )
-        counts: dict[str, tuple[int, int]] = {
-            queue: (pending, running) for queue, pending, running in cursor.fetchall()
-        }
-        cursor.execute("SELECT name, paused_at FROM pgqueue_queues")
-        states: dict[str, Any] = dict(cursor.fetchall())
-    limits = queue_limits(alias)
-    names = {*counts, *states, *limits, conf.get_settings().DEFAULT_QUEUE}
+    snapshot = stats.snapshot(using=using)
+    found = {queue.name: queue for queue in snapshot.queues}
+    names = {*found, conf.get_settings().DEFAULT_QUEUE}
     for job_type in registry.registered_job_types():
         queue = registry.get_definition(job_type).queue
         if queue:
             names.add(queue)
-    return [
-        QueueInfo(
-            name=name,
-            paused_at=states.get(name),
-            pending=counts.get(name, (0, 0))[0],
-            running=counts.get(name, (0, 0))[1],
-            limit=limits.get(name),
+    described = []
+    for name in sorted(names):
+        queue = found.get(name) or stats.QueueStats(name=name)
+        described.append(
+            QueueInfo(
+                name=name,
+                paused_at=queue.paused_at,
+                pending=queue.pending + queue.scheduled,
+                running=queue.claimed + queue.running,
+                limit=queue.max_running,
+            )
         )
-        for name in sorted(names)
-    ]
+    return described

@@ -200,3 +200,20 @@ def test_overview_and_status_see_the_same_held_jobs_per_worker(admin_client):
         worker["worker_id"]: (worker["state"], worker["running"]) for worker in status
     }
     assert overview == {"w-alive": ("alive", 2), "w-silent": ("not responding", 1)}
+
+
+@pytest.mark.usefixtures("busy_database")
+def test_the_queue_list_command_shows_the_status_commands_counts():
+    out = StringIO()
+    call_command("pgqueue_queue", "list", stdout=out)
+    listed = {
+        line.split()[0]: line.split() for line in out.getvalue().splitlines()[1:] if line.strip()
+    }
+    status, _ = status_figures()
+
+    for name, figures in status.items():
+        row = listed[name]
+        assert int(row[-3]) == figures["due"] + figures["delayed"], name
+        assert int(row[-2]) == figures["claimed"] + figures["running"], name
+        assert row[-1] == ("-" if figures["limit"] is None else str(figures["limit"])), name
+        assert (row[1] == "paused") is figures["paused"], name
