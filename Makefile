@@ -6,6 +6,7 @@
 #   make test    run the test suite on a throwaway PostgreSQL
 #   make test-django6  the same on Django 6 (in .venv-dj6, with Python 3.12+ from PYTHON6)
 #   make lint    ruff check, ruff format --check and the import layers (lint-imports)
+#   make typecheck  mypy (strict, with django-stubs) on django_pgqueue/
 #   make docs    build the documentation (mkdocs --strict)
 #   make bench   benchmark against the peers and pgbench (~20 min; BENCH_ARGS=--quick)
 #   make bench-steady  long run of drains with and without pruning (BENCH_ARGS=--quick)
@@ -30,7 +31,7 @@ BIN6 := $(abspath $(VENV6))/bin
 WITH_POSTGRES := PATH="$(BIN):$$PATH" $(PY) scripts/with_postgres.py --
 
 .DEFAULT_GOAL := help
-.PHONY: help demo serve test test-django6 lint docs bench bench-steady clean
+.PHONY: help demo serve test test-django6 lint typecheck docs bench bench-steady clean
 
 help:
 	@sed -n 's/^#   //p' $(MAKEFILE_LIST)
@@ -74,6 +75,10 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+
+# Configured in pyproject.toml ([tool.mypy]); needs no database.
+typecheck: $(VENV)/.installed-dev
+	$(BIN)/mypy
 
 docs: $(VENV)/.installed-docs
 	$(BIN)/mkdocs build --strict

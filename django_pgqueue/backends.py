@@ -137,7 +137,7 @@ class PgQueueBackend(BaseTaskBackend):
         """The database alias of the jobs table."""
         return conf.jobs_database(self._database)
 
-    def validate_task(self, task: Task) -> None:
+    def validate_task(self, task: Task[..., Any]) -> None:
         """Django's checks, a ``timedelta`` ``run_after``, and our limits on names."""
         run_after = task.run_after
         if isinstance(run_after, timedelta):
@@ -162,7 +162,9 @@ class PgQueueBackend(BaseTaskBackend):
         except InvalidArgumentError as exc:
             raise InvalidTask(str(exc)) from None
 
-    def enqueue(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> TaskResult:
+    def enqueue(
+        self, task: Task[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> TaskResult[Any]:
         """Insert the job for ``task(*args, **kwargs)`` and return its READY result.
 
         Arguments must be JSON (``TypeError`` otherwise, before anything is written).
@@ -196,7 +198,7 @@ class PgQueueBackend(BaseTaskBackend):
         task_enqueued.send(type(self), task_result=result)
         return result
 
-    def get_result(self, result_id: str) -> TaskResult:
+    def get_result(self, result_id: str) -> TaskResult[Any]:
         """The task's current result, read from its job; ``TaskResultDoesNotExist`` if none."""
         from .models import Job
 
@@ -235,14 +237,14 @@ class _WithoutRunAfter:
 
     run_after = None
 
-    def __init__(self, task: Task) -> None:
+    def __init__(self, task: Task[..., Any]) -> None:
         self._task = task
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._task, name)
 
 
-def _copy_task(task: Task, **changes: Any) -> Task:
+def _copy_task(task: Task[..., Any], **changes: Any) -> Task[..., Any]:
     """``task`` with ``changes``, like ``task.using()`` but without validating it again:
     a stored task stays readable after ``QUEUES`` or a backend changed."""
     copy = object.__new__(type(task))
@@ -252,7 +254,7 @@ def _copy_task(task: Task, **changes: Any) -> Task:
     return copy
 
 
-def _check_importable(task: Task) -> None:
+def _check_importable(task: Task[..., Any]) -> None:
     # The worker finds the task by its dotted path: a Task kept under another name, or
     # defined in a function, could be enqueued but never run.
     try:
@@ -267,14 +269,14 @@ def _check_importable(task: Task) -> None:
         )
 
 
-def _import_task(path: str) -> Task:
+def _import_task(path: str) -> Task[..., Any]:
     task = import_string(path)
     if not isinstance(task, Task):
         raise InvalidTask(f"{path!r} is not a Task (decorate the function with @task).")
     return task
 
 
-def _task_of(job: Job, alias: str, task: Task | None = None) -> Task:
+def _task_of(job: Job, alias: str, task: Task[..., Any] | None = None) -> Task[..., Any]:
     """The task a job was enqueued with, rebuilt from its columns and data."""
     if task is None:
         path = job.job_type.removeprefix(TASK_JOB_PREFIX)
@@ -293,7 +295,7 @@ def _task_of(job: Job, alias: str, task: Task | None = None) -> Task:
     )
 
 
-def _stand_in_task(path: str) -> Task:
+def _stand_in_task(path: str) -> Task[..., Any]:
     """A Task named ``path`` for the result of a task that does not import here.
 
     Built without validation, like ``_copy_task``: Django would refuse a task whose
@@ -317,11 +319,11 @@ def _stand_in_task(path: str) -> Task:
     return task
 
 
-def _result_of(job: Job, alias: str, *, task: Task | None = None) -> TaskResult:
+def _result_of(job: Job, alias: str, *, task: Task[..., Any] | None = None) -> TaskResult[Any]:
     """The ``TaskResult`` a job stands for; ``task`` is the enqueued task, if known."""
     data = job.data
     status = TaskResultStatus(STATUS_MAP[job.status])
-    result = TaskResult(
+    result: TaskResult[Any] = TaskResult(
         task=task if task is not None else _task_of(job, alias),
         id=str(job.id),
         status=status,

@@ -102,6 +102,8 @@ def check_server_version(
     connection = connections[alias]
     if connection.vendor != "postgresql":
         return []
+    # pg_version is on the PostgreSQL backend's wrapper (vendor checked above), which
+    # connections[] types as the base class.
     version = connection.pg_version  # type: ignore[attr-defined]
     if version < MIN_POSTGRES_VERSION:
         return [

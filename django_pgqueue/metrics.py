@@ -193,6 +193,7 @@ class WorkerMetrics:
             signal.disconnect(dispatch_uid=self._uid)
 
     def _started(self, *, job: Job, **kwargs: Any) -> None:
+        # Read back by _finished on the same instance; Job declares no such field.
         job._pgqueue_metrics_started = time.monotonic()  # type: ignore[attr-defined]
         if job.started_at is not None and job.run_at is not None:
             waited = (job.started_at - job.run_at).total_seconds()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import functools
 import logging
 import operator
-from collections.abc import Sequence
-from typing import Any, ClassVar, Protocol, TypeVar
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar, Protocol, Self, TypeVar
 
 from django.contrib.postgres.functions import RandomUUID
 from django.db import IntegrityError, connections, models, transaction
@@ -130,7 +130,8 @@ def _queues_of(jobs: models.QuerySet[Job]) -> list[str]:
 
 
 def _write_db(jobs: models.QuerySet[Job]) -> str:
-    return conf.jobs_database(jobs._db)
+    # _db: the alias the caller chose with using() (None: the router's); not in django-stubs.
+    return conf.jobs_database(jobs._db)  # type: ignore[attr-defined]
 
 
 def _notify(using: str, queues: list[str]) -> None:
@@ -166,7 +167,8 @@ class JobsDatabaseManager(models.Manager[_M]):
         if self._db is not None:
             return self._db
         # Related managers carry their instance as a hint, as Django's own db does.
-        state = getattr(self._hints.get("instance"), "_state", None)
+        # (BaseManager.__init__ sets _hints; django-stubs does not declare it.)
+        state = getattr(self._hints.get("instance"), "_state", None)  # type: ignore[attr-defined]
         return conf.jobs_database(getattr(state, "db", None))
 
 
@@ -178,7 +180,7 @@ class JobsDatabaseModel(models.Model):
     """A model of the jobs database: an instance is saved, deleted and reloaded where it
     was loaded from, a new one in ``conf.jobs_database()``; the router is not asked."""
 
-    objects: ClassVar[models.Manager[Any]] = JobsDatabaseManager()
+    objects = JobsDatabaseManager()
 
     class Meta:
         abstract = True
@@ -194,7 +196,7 @@ class JobsDatabaseModel(models.Model):
     def refresh_from_db(
         self,
         using: str | None = None,
-        fields: Sequence[str] | None = None,
+        fields: Iterable[str] | None = None,
         from_queryset: models.QuerySet[Any] | None = None,
     ) -> None:
         if from_queryset is None:
@@ -241,7 +243,7 @@ class Job(JobsDatabaseModel):
         max_length=schema.UNIQUE_KEY_MAX_LENGTH, null=True, blank=True
     )
 
-    objects: ClassVar[JobQuerySet] = JobManager()  # type: ignore[assignment]
+    objects: ClassVar[JobManager[Self]] = JobManager()
 
     class Meta:
         db_table = "pgqueue_jobs"
@@ -372,7 +374,9 @@ class Job(JobsDatabaseModel):
         by_name = dict(zip(columns, row, strict=True))
         for name in ("data", "result", "worker_ids"):
             if isinstance(by_name.get(name), str):
-                by_name[name] = _json_field.from_db_value(by_name[name], None, None)
+                # JSONField reads neither the expression nor the connection for a plain
+                # column; django-stubs requires both.
+                by_name[name] = _json_field.from_db_value(by_name[name], None, None)  # type: ignore[arg-type]
         attnames = [f.attname for f in cls._meta.concrete_fields]
         return cls.from_db(using, attnames, [by_name[name] for name in attnames])
 

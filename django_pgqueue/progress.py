@@ -60,4 +60,5 @@ def write_progress(job: Job, percent: int, stage: str | None) -> bool:
         return execute_autocommit(alias, _UPDATE_PROGRESS, params) > 0
     with connection.cursor() as cursor:
         cursor.execute(_UPDATE_PROGRESS, params)
-        return cursor.rowcount > 0
+        updated: int = cursor.rowcount
+        return updated > 0

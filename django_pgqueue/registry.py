@@ -10,8 +10,11 @@ from typing import TYPE_CHECKING, Any, Literal, Unpack, overload
 
 from asgiref.sync import iscoroutinefunction
 
+# The one intended cycle: enqueue reads @job defaults. Imported by its full name:
+# mypy reads ``from . import enqueue`` as the function that __init__ exports.
+import django_pgqueue.enqueue as enqueueing
+
 from . import conf, validation
-from . import enqueue as enqueueing  # the one intended cycle: enqueue reads @job defaults
 from .backoff import Backoff, default_backoff
 from .cron import validate_cron
 from .exceptions import JobRegistrationError, SettingsError, UnknownJobTypeError

@@ -49,11 +49,13 @@ def execute_fetchone(db: BaseDatabaseWrapper, sql: str, params: list[Any]) -> tu
     if cursor is None:
         with db.cursor() as fresh:
             fresh.execute(sql, params)
-            return fresh.cursor.fetchone()
+            row: tuple[Any, ...] = fresh.cursor.fetchone()
+            return row
     cursor.execute(sql, params)
     # The driver's cursor: the result is already read, and Django's wrapper would build
     # an error-translating closure for this one call.
-    return cursor.cursor.fetchone()
+    row = cursor.cursor.fetchone()
+    return row
 
 
 def _reusable_cursor(db: BaseDatabaseWrapper) -> CursorWrapper | None:
@@ -73,7 +75,8 @@ def _reusable_cursor(db: BaseDatabaseWrapper) -> CursorWrapper | None:
 
 
 def _may_reuse(db: BaseDatabaseWrapper) -> bool:
-    if db.health_check_enabled and not db.health_check_done:
+    # Both are set in BaseDatabaseWrapper.__init__ (Django 4.1+); django-stubs omits them.
+    if db.health_check_enabled and not db.health_check_done:  # type: ignore[attr-defined]
         return False
     if db.queries_logged or db.allow_thread_sharing:
         return False

@@ -9,9 +9,13 @@ spelling the installed backport has. Importing this module without either raises
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import django
 
-if django.VERSION >= (6, 0):
+# mypy runs on Django 5.2 (make typecheck), whose stubs have no django.tasks: it skips this
+# branch and checks the backport's. At run time TYPE_CHECKING is False.
+if not TYPE_CHECKING and django.VERSION >= (6, 0):
     from django.tasks import (
         DEFAULT_TASK_QUEUE_NAME,
         Task,
@@ -67,7 +71,11 @@ else:
     from django_tasks.exceptions import TaskResultDoesNotExist, TaskResultMismatch
 
     try:  # the backport after 0.12 took Django's names
-        from django_tasks.exceptions import InvalidTask, InvalidTaskBackend
+        # The pinned backport (0.12) has only the old names, which mypy checks below.
+        from django_tasks.exceptions import (  # type: ignore[attr-defined]
+            InvalidTask,
+            InvalidTaskBackend,
+        )
     except ImportError:  # 0.12 and earlier
         from django_tasks.exceptions import InvalidTaskBackendError as InvalidTaskBackend
         from django_tasks.exceptions import InvalidTaskError as InvalidTask

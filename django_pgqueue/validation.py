@@ -53,16 +53,17 @@ def _name(field: str, value: Any, pattern: re.Pattern[str], max_length: int, wha
     known = _VALID_NAMES[pattern.pattern]
     if type(value) is str and value in known:
         return value
-    _check_name(field, value, pattern, max_length, what)
+    name = _check_name(field, value, pattern, max_length, what)
     if len(known) >= _VALID_NAMES_KEPT:
         known.clear()
-    known.add(value)
-    return value
+    known.add(name)
+    return name
 
 
 def _check_name(
     field: str, value: Any, pattern: re.Pattern[str], max_length: int, what: str
-) -> None:
+) -> str:
+    """``value`` if it is a valid name; ``InvalidJobError`` otherwise."""
     if not isinstance(value, str):
         raise InvalidJobError(field, f"must be a string, got {type(value).__name__}")
     if not value:
@@ -72,6 +73,7 @@ def _check_name(
     # fullmatch: with match(), "$" also matches before a trailing newline.
     if not pattern.fullmatch(value):
         raise InvalidJobError(field, f"{value!r} is not a valid {what}; use {pattern.pattern}")
+    return value
 
 
 def job_type(value: Any, field: str = "job_type") -> str:
@@ -233,9 +235,10 @@ def _check_tree(value: Any, depth: int) -> None:
                     raise
         return
     # Subclasses (IntEnum, StrEnum, OrderedDict...): checked as their base type.
+    base: type[Any]
     for base in (bool, int, float, str, dict, list, tuple):
         if isinstance(value, base):
-            _check_tree(base(value) if base is not dict else dict(value), depth)
+            _check_tree(base(value), depth)
             return
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import struct
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -24,8 +25,8 @@ _UUID_LENGTH = struct.pack("!i", 16)
 _FLOAT8_ELEMENT = struct.Struct("!id")
 
 # The C scanner behind json.loads, without the encoding detection and the two
-# whitespace matches around it.
-_scan_once = json.JSONDecoder().scan_once
+# whitespace matches around it. (typeshed omits the attribute JSONDecoder.__init__ sets.)
+_scan_once: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 class JsonbBinaryLoader(Loader):

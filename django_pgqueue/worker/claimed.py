@@ -65,7 +65,9 @@ def _row_by_row(
     for row in range(result.ntuples):
         cursor.scroll(row, mode="absolute")
         try:
-            jobs.extend(Job.from_rows(columns, [cursor.fetchone()], using))  # type: ignore[list-item]
+            fetched = cursor.fetchone()
+            assert fetched is not None  # the cursor stands on one of the result's rows
+            jobs.extend(Job.from_rows(columns, [fetched], using))
         except Exception as exc:
             outcomes.append(_undecodable(cursor, columns, row, exc))
     return jobs, outcomes

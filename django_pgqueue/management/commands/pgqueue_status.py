@@ -15,7 +15,7 @@ from django_pgqueue.exceptions import MissingExtraError
 from django_pgqueue.stats import WINDOW_SECONDS, Snapshot, WorkerState, snapshot
 
 if TYPE_CHECKING:
-    from rich.console import Console, RenderableType
+    from rich.console import Console, JustifyMethod, RenderableType
 
 #: Most workers listed in the table (the JSON lists them all).
 WORKERS_SHOWN = 50
@@ -171,6 +171,7 @@ def _console(out: OutputWrapper) -> Console:
 
     stream = _Stream(out)
     # Off a terminal rich assumes 80 columns: wide enough ids would be cut.
+    # (rich types file as IO[str]; what it uses of one, _Stream has: write, flush, isatty.)
     return Console(file=stream, width=None if stream.isatty() else 200)  # type: ignore[arg-type]
 
 
@@ -214,7 +215,9 @@ def render(shot: Snapshot, *, failed_total: bool = False) -> RenderableType:
 
     workers = Table(title="Workers", title_justify="left")
     for name in ("worker", "host", "pid", "queues", "slots", "running", "heartbeat", "state"):
-        justify = "right" if name in ("pid", "slots", "running", "heartbeat") else "left"
+        justify: JustifyMethod = (
+            "right" if name in ("pid", "slots", "running", "heartbeat") else "left"
+        )
         workers.add_column(name, justify=justify, overflow="fold")
     styles = {
         WorkerState.ALIVE: "green",
