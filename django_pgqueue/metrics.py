@@ -31,7 +31,8 @@ from django.views.decorators.http import require_safe
 
 from . import conf, signals, stats
 from .exceptions import MissingExtraError
-from .models import FINISHED, Job, JobStatus
+from .models import Job
+from .schema import FINISHED, JobStatus
 
 try:
     from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server

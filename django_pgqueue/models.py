@@ -21,12 +21,10 @@ from .due import not_yet_due_q
 from .exceptions import InvalidJobError, JobCancelled, PgQueueError
 from .indexes import GinIndex
 from .progress import write_progress
-from .schema import ACTIVE, IN_FLIGHT, JobStatus
+from .schema import ACTIVE, FINISHED, IN_FLIGHT, RETRYABLE
 
-# The states and their sets live in schema; importable from here too, where the model is.
-from .schema import CLAIMABLE as CLAIMABLE
-from .schema import FINISHED as FINISHED
-from .schema import RETRYABLE as RETRYABLE
+# The states live in schema (with their sets); importable from here too, beside the model.
+from .schema import JobStatus as JobStatus
 
 
 class _CancelSignal(Protocol):

@@ -124,14 +124,14 @@ def describe_queues(using: str | None = None) -> list[QueueInfo]:
             names.add(queue)
     described = []
     for name in sorted(names):
-        queue = found.get(name) or stats.QueueStats(name=name)
+        figures = found.get(name) or stats.QueueStats(name=name)
         described.append(
             QueueInfo(
                 name=name,
-                paused_at=queue.paused_at,
-                pending=queue.pending + queue.scheduled,
-                running=queue.claimed + queue.running,
-                limit=queue.max_running,
+                paused_at=figures.paused_at,
+                pending=figures.pending + figures.scheduled,
+                running=figures.claimed + figures.running,
+                limit=figures.max_running,
             )
         )
     return described

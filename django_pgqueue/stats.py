@@ -213,7 +213,7 @@ class WorkerStats:
     heartbeat_at: datetime
     stopped_at: datetime | None
     #: A :class:`WorkerState`: ``"alive"``, ``"not responding"`` or ``"stopped"``.
-    state: str
+    state: WorkerState
 
     @property
     def alive(self) -> bool:

@@ -8,7 +8,8 @@ import pytest
 
 from django_pgqueue import enqueue, enqueue_many, job
 from django_pgqueue.exceptions import InvalidWorkerOptionError
-from django_pgqueue.models import IN_FLIGHT, Job, JobStatus
+from django_pgqueue.models import Job, JobStatus
+from django_pgqueue.schema import IN_FLIGHT
 from django_pgqueue.worker import Worker
 from tests.workers import wait_for, worker_thread
 

@@ -7,6 +7,7 @@ Each action narrows the selection to the jobs it applies to, changes them throug
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
@@ -17,7 +18,8 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from ..due import not_yet_due_q
-from ..models import IN_FLIGHT, RETRYABLE, Job, JobQuerySet, JobStatus
+from ..models import Job, JobQuerySet
+from ..schema import IN_FLIGHT, RETRYABLE, JobStatus
 from .base import JobAdminBase
 
 
@@ -112,7 +114,9 @@ class JobActions(JobAdminBase):
         job = self.get_object(request, object_id)
         if action not in methods or job is None:
             return HttpResponse(status=404)
-        methods[action](request, self.get_queryset(request).filter(pk=job.pk))
+        # Job's manager builds JobQuerySets; the admin's get_queryset is typed as QuerySet.
+        this_job = cast(JobQuerySet, self.get_queryset(request).filter(pk=job.pk))
+        methods[action](request, this_job)
         return HttpResponseRedirect(
             reverse(f"{self.admin_site.name}:django_pgqueue_job_change", args=[job.pk])
         )

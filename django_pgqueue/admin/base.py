@@ -8,8 +8,10 @@ state goes through the ``JobQuerySet`` transitions, as actions gated by the
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from django.contrib import admin, messages
+from django.core.paginator import Paginator
 from django.http import HttpRequest
 
 from ..models import RETRY_PERMISSION, Job
@@ -17,7 +19,16 @@ from ..models import RETRY_PERMISSION, Job
 logger = logging.getLogger("django_pgqueue.admin")
 
 
-class JobAdminBase(admin.ModelAdmin):
+# ModelAdmin and Paginator are generic in django-stubs only: subscripted for mypy alone.
+if TYPE_CHECKING:
+    JobModelAdmin = admin.ModelAdmin[Job]
+    JobPaginator = Paginator[Job]
+else:
+    JobModelAdmin = admin.ModelAdmin
+    JobPaginator = Paginator
+
+
+class JobAdminBase(JobModelAdmin):
     """The permissions of the Job admin, shared by its changelist, actions and overview."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:

@@ -18,11 +18,12 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from ..models import Job
+from .base import JobModelAdmin
 from .formatting import TEMPLATES, display_datetime, json_pre, short_datetime, short_duration
 from .live import event_state, recent_events
 
 
-class JobCells(admin.ModelAdmin):
+class JobCells(JobModelAdmin):
     """The display methods ``JobAdmin`` names in ``list_display`` and ``fieldsets``."""
 
     def _live(self, job: Job, field: str, text: object) -> SafeString:
@@ -73,6 +74,7 @@ class JobCells(admin.ModelAdmin):
 
     def _time(self, job: Job, field: str, value: datetime | None, *, short: bool) -> SafeString:
         """A time cell; ``field`` names it for the live refresh ("" when it never changes)."""
+        text: str
         if value is None:
             text = self.get_empty_value_display()
         else:

@@ -9,11 +9,10 @@ where, and mounts the extra URLs.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
-from django.core.paginator import Paginator
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path
@@ -22,6 +21,7 @@ from django.utils.translation import gettext_lazy
 
 from ..models import Job
 from .actions import JobActions
+from .base import JobPaginator
 from .cells import JobCells
 from .filters import JobTypeFilter, QueueFilter, search_filter
 from .formatting import TEMPLATES
@@ -29,7 +29,7 @@ from .live import LiveView
 from .overview import QueueOverview
 
 
-class EstimatedCountPaginator(Paginator):
+class EstimatedCountPaginator(JobPaginator):
     """Counts exactly up to ``exact_count_limit`` rows and estimates beyond that.
 
     A page of a million-row changelist then costs a bounded scan instead of a
@@ -43,7 +43,8 @@ class EstimatedCountPaginator(Paginator):
 
     @cached_property
     def count(self) -> int:
-        queryset = self.object_list.order_by()
+        # The changelist paginates a queryset (Paginator's type allows any sequence).
+        queryset = cast("QuerySet[Job]", self.object_list).order_by()
         exact: int = queryset[: self.exact_count_limit + 1].count()
         if exact <= self.exact_count_limit:
             return exact
@@ -157,7 +158,7 @@ class JobAdmin(JobCells, JobActions, LiveView, QueueOverview):
     )
 
     def get_readonly_fields(self, request: HttpRequest, obj: Job | None = None) -> list[str]:
-        return [name for _name, options in self.fieldsets for name in options["fields"]]
+        return [str(name) for _name, options in self.fieldsets for name in options["fields"]]
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return JobChangeList

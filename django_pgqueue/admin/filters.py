@@ -44,8 +44,9 @@ class _ValuesFilter(admin.SimpleListFilter):
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         values = {*self.known_values(), *recent_values(self.column)}
-        if self.value():
-            values.add(self.value())
+        chosen = self.value()
+        if chosen:
+            values.add(chosen)
         return [(value, value) for value in sorted(values)]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:

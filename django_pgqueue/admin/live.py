@@ -9,11 +9,12 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, JsonResponse
 
-from ..models import FINISHED, Job, JobEvent
+from ..models import Job, JobEvent
+from ..schema import FINISHED
+from .base import JobModelAdmin
 from .formatting import display_datetime, time_state
 
 #: Events shown on a job's page and returned by the live endpoint.
@@ -36,7 +37,7 @@ LIVE_FIELDS = (
 )
 
 
-class LiveView(admin.ModelAdmin):
+class LiveView(JobModelAdmin):
     """``JobAdmin.live_view``, mounted at ``live/``."""
 
     def live_view(self, request: HttpRequest) -> JsonResponse:
@@ -80,7 +81,7 @@ def live_state(job: Job) -> dict[str, Any]:
     }
 
 
-def recent_events(job_id: object) -> list[JobEvent]:
+def recent_events(job_id: uuid.UUID | str) -> list[JobEvent]:
     """The job's newest ``HISTORY_SHOWN`` progress events, oldest first."""
     events = list(JobEvent.objects.filter(job_id=job_id).order_by("-id")[:HISTORY_SHOWN])
     return events[::-1]

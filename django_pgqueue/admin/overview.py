@@ -20,8 +20,8 @@ from django.utils.translation import gettext as _
 
 from .. import stats, validation
 from ..exceptions import InvalidArgumentError
-from ..models import JobStatus
 from ..queues import pause_queue, resume_queue
+from ..schema import JobStatus
 from ..stats import QueueStats, Snapshot, WorkerState, WorkerStats
 from .base import JobAdminBase
 from .formatting import TEMPLATES, display_datetime, short_duration
