@@ -20,6 +20,8 @@ from .models import LimitScope
 
 logger = logging.getLogger("django_pgqueue.limits")
 
+__all__ = ["declared_limits", "stored_limits", "sync_declared_limits"]
+
 #: ``(scope, name)``: scope is ``"queue"`` or ``"job_type"``.
 LimitKey = tuple[str, str]
 
@@ -28,7 +30,12 @@ _SYNC_LOCK_KEY = "pgqueue_limits:sync"
 
 
 def declared_limits() -> dict[LimitKey, int]:
-    """The limits this process's settings and ``@job`` registrations declare."""
+    """The limits this process's settings and ``@job`` registrations declare.
+
+    By ``(scope, name)``, with scope ``"queue"`` or ``"job_type"``:
+    ``PGQUEUE["QUEUE_LIMITS"]``, then ``@job(concurrency=...)``, then
+    ``PGQUEUE["JOB_TYPE_LIMITS"]`` (which wins; ``None`` removes).
+    """
     settings = conf.get_settings()
     declared: dict[LimitKey, int] = {
         (LimitScope.QUEUE.value, name): limit for name, limit in settings.QUEUE_LIMITS.items()
@@ -60,6 +67,9 @@ def sync_declared_limits(using: str | None = None) -> None:
     Changed limits are updated, new ones inserted, undeclared ones deleted; nothing is
     written when the table already matches. Workers call it when they start. Jobs already
     claimed or running are never stopped: a lowered limit takes effect as they finish.
+
+    Concurrent calls are serialised by an advisory lock. Each change is logged
+    (``django_pgqueue.limits``, ``INFO``).
     """
     alias = conf.jobs_database(using)
     declared = declared_limits()
