@@ -5,7 +5,7 @@ across all workers; ``claim_job_batch`` enforces the rows of ``pgqueue_limits``.
 are declared in ``PGQUEUE["QUEUE_LIMITS"]``, ``PGQUEUE["JOB_TYPE_LIMITS"]`` and
 ``@job(concurrency=N)``; the setting wins over the decorator for the same job type
 (``None`` in the setting lifts the decorator's limit). Every worker writes the declared
-limits when it starts (:func:`sync_declared_limits`), so the last worker to start wins:
+limits when it starts (``sync_declared_limits()``), so the last worker to start wins:
 all workers of a deployment must share the settings and job modules.
 """
 
@@ -62,7 +62,7 @@ def stored_limits(using: str | None = None) -> dict[LimitKey, int]:
 
 
 def sync_declared_limits(using: str | None = None) -> None:
-    """Make ``pgqueue_limits`` equal to :func:`declared_limits`, in one transaction.
+    """Make ``pgqueue_limits`` equal to ``declared_limits()``, in one transaction.
 
     Changed limits are updated, new ones inserted, undeclared ones deleted; nothing is
     written when the table already matches. Workers call it when they start. Jobs already

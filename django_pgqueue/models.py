@@ -260,21 +260,21 @@ class Job(JobsDatabaseModel):
             [version 7 UUID](https://www.rfc-editor.org/rfc/rfc9562#name-uuid-version-7):
             time-ordered, so ids of later jobs sort after earlier ones (to the
             millisecond) and inserts append to the primary key.
-        job_type (CharField(200)): Which handler runs the job.
-        queue (CharField(100)): The queue the job is in. Default ``"default"``.
+        job_type (CharField): Which handler runs the job.
+        queue (CharField): The queue the job is in. Default ``"default"``.
         priority (IntegerField): 0 to 1000, higher first. Default 100.
-        status (CharField(16)): Where the job is in its life cycle, a
+        status (CharField): Where the job is in its life cycle, a
             [`JobStatus`][django_pgqueue.JobStatus]. Default ``"pending"``.
         data (JSONField): The payload. Default ``{}``.
         result (JSONField): What the handler returned, when it completed and the value
             was JSON-serialisable; nullable, default ``NULL``.
         progress (SmallIntegerField): Percent, 0 to 100; set to 100 on completion.
             Default 0.
-        current_stage (CharField(200)): Label given to the last ``set_progress()``.
+        current_stage (CharField): Label given to the last ``set_progress()``.
             Default ``""``.
         events_count (IntegerField): How many times ``set_progress()`` wrote progress.
             Default 0.
-        worker_id (CharField(255)): The worker holding the job, or the one that finished
+        worker_id (CharField): The worker holding the job, or the one that finished
             it. ``NULL`` while pending.
         worker_ids (JSONField): The worker of every attempt, oldest first. An attempt that
             is [given back](../how-to/retries.md#how-attempts-are-counted) is removed from
@@ -298,13 +298,14 @@ class Job(JobsDatabaseModel):
             recovery took the job back, or a note that a return value could not be
             stored. Kept after a later success. Default ``""``.
         last_traceback (TextField): Traceback of the last failure. Default ``""``.
-        unique_key (CharField(255)): The job's
+        unique_key (CharField): The job's
             [unique key](../how-to/unique-jobs.md): no two ``pending``, ``claimed`` or
             ``running`` jobs share one (partial unique index
             ``pgqueue_jobs_unique_key_active``). ``NULL`` (the default): no key.
 
     Defaults are database defaults, so rows inserted with SQL get them too. See
-    [SQL schema](sql.md#the-pgqueue_jobs-table) for the constraints and indexes.
+    [SQL schema](sql.md#the-pgqueue_jobs-table) for the column types and lengths, the
+    constraints and the indexes.
 
     ``cancel()`` and ``retry()`` do not update the instance: call ``refresh_from_db()``
     to see the new status.
@@ -487,12 +488,12 @@ class Job(JobsDatabaseModel):
         return self._this_job().filter(cancel_requested_at__isnull=False).exists()
 
     def raise_if_cancel_requested(self) -> None:
-        """Raise :class:`~django_pgqueue.exceptions.JobCancelled` if cancellation was asked."""
+        """Raise ``JobCancelled`` if cancellation was asked."""
         if self.is_cancel_requested():
             raise JobCancelled(f"job {self.id} was cancelled")
 
     def cancel(self) -> bool:
-        """Cancel this job (see :meth:`JobQuerySet.cancel`); True if anything changed.
+        """Cancel this job (see ``JobQuerySet.cancel()``); True if anything changed.
 
         ``Job.objects.filter(pk=job.pk).cancel()``: ``True`` if the job was cancelled or
         asked to stop. See
@@ -655,7 +656,7 @@ class JobEvent(JobsDatabaseModel):
         job (ForeignKey): The ``Job``; reverse name ``events``.
         created_at (DateTimeField): When the call was made.
         progress (SmallIntegerField): The percent written.
-        stage (CharField(200)): The job's ``current_stage`` after the call.
+        stage (CharField): The job's ``current_stage`` after the call.
     """
 
     # The database cascades (migration 0003 creates the constraint with ON DELETE
@@ -703,8 +704,8 @@ class WorkerRecord(JobsDatabaseModel):
     ```
 
     Attributes:
-        worker_id (CharField(255)): Primary key.
-        hostname (CharField(255)): The host the worker runs on.
+        worker_id (CharField): Primary key.
+        hostname (CharField): The host the worker runs on.
         pid (IntegerField): Its process id.
         queues (JSONField): The queues it serves, ``None`` for all.
         job_types (JSONField): The job types it runs, ``None`` for all.
@@ -744,7 +745,7 @@ class QueueState(JobsDatabaseModel):
     [`resume_queue()`][django_pgqueue.queues.resume_queue].
 
     Attributes:
-        name (CharField(100)): The queue (primary key).
+        name (CharField): The queue (primary key).
         paused_at (DateTimeField): When it was paused; ``None``: active.
         updated_at (DateTimeField): When the row last changed.
     """
@@ -777,8 +778,8 @@ class ConcurrencyLimit(JobsDatabaseModel):
     A row of ``pgqueue_limits``; see [concurrency limits](#limits).
 
     Attributes:
-        scope (CharField(16)): ``"queue"`` or ``"job_type"``.
-        name (CharField(255)): The queue or job type.
+        scope (CharField): ``"queue"`` or ``"job_type"``.
+        name (CharField): The queue or job type.
         max_running (IntegerField): The limit, at least 1.
         updated_at (DateTimeField): When the row last changed.
     """
@@ -814,8 +815,8 @@ class PeriodicTick(JobsDatabaseModel):
     Table ``pgqueue_periodic``: one row per schedule seen by a worker.
 
     Attributes:
-        name (CharField(255)): The schedule's name (primary key).
-        schedule (CharField(255)): The expression and time zone, such as
+        name (CharField): The schedule's name (primary key).
+        schedule (CharField): The expression and time zone, such as
             ``"0 3 * * * (UTC)"``. A different value resets the schedule.
         last_tick (DateTimeField): The latest tick recorded: enqueued, or recorded on
             first sight or change.

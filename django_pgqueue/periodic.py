@@ -1,7 +1,7 @@
 """Periodic jobs: cron schedules declared in code, each tick enqueued exactly once.
 
 Schedules come from ``@job(schedule="...")`` (named after the job type) and from
-``PGQUEUE["SCHEDULE"]`` (named by their keys). Workers call :func:`enqueue_due_ticks`
+``PGQUEUE["SCHEDULE"]`` (named by their keys). Workers call ``enqueue_due_ticks()``
 from their heartbeat thread; so may ``manage.py pgqueue_schedule --run-due``.
 
 Exactly once: a tick is enqueued by the caller whose conditional ``UPDATE`` of the
@@ -46,7 +46,7 @@ __all__ = ["enqueue_due_ticks", "schedules"]
 def schedules() -> list[Schedule]:
     """Every declared schedule, by name: ``@job(schedule=...)`` then ``PGQUEUE["SCHEDULE"]``.
 
-    Raises :class:`SettingsError` when a ``SCHEDULE`` key is also the job type of an
+    Raises ``SettingsError`` when a ``SCHEDULE`` key is also the job type of an
     ``@job(schedule=...)`` (both would share one ``pgqueue_periodic`` row).
     """
     found: dict[str, Schedule] = {}

@@ -2,7 +2,7 @@
 
 A paused queue keeps its jobs and accepts new ones, but no worker claims from it until
 it is resumed; jobs already claimed or running finish normally. The state lives in
-``pgqueue_queues`` (:class:`~django_pgqueue.models.QueueState`), which
+``pgqueue_queues`` (``QueueState``), which
 ``claim_job_batch`` reads on every claim, so pausing takes effect at every worker's next
 claim without restarting anything.
 """
@@ -139,7 +139,7 @@ class QueueInfo:
 
 
 def known_queues(using: str | None = None) -> list[str]:
-    """The names of the queues :func:`describe_queues` describes."""
+    """The names of the queues ``describe_queues()`` describes."""
     return [info.name for info in describe_queues(using)]
 
 

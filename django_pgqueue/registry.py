@@ -90,7 +90,7 @@ class JobDefinition:
         using: str | None = None,
         **options: Unpack[EnqueueOptions],
     ) -> Job:
-        """Enqueue a job of this type; see :func:`django_pgqueue.enqueue`.
+        """Enqueue a job of this type; see ``enqueue()``.
 
         [`enqueue()`][django_pgqueue.enqueue.enqueue] with this job type: the same
         arguments but ``job_type``, the same result and errors.
