@@ -92,8 +92,7 @@ class Worker:
             An empty list is rejected.
         job_types: Job types to run; ``None``: all. An empty list is rejected.
         concurrency: Number of slot threads, 1 to 1000.
-        batch_size: Most jobs claimed per query, 1 to 1000. Default:
-            ``concurrency + prefetch``, at most 1000.
+        batch_size: Most jobs claimed per query, 1 to 1000 (default above).
         prefetch: Most claimed jobs held beyond the running ones while jobs are fast, 0
             to 10000. Default: ``PGQUEUE["PREFETCH"]`` (100). The worker holds at most
             ``concurrency + prefetch`` jobs; see [``PREFETCH``](settings.md).
