@@ -60,7 +60,7 @@ from .worker.execution import refuse_awaitable
 if TYPE_CHECKING:
     from .models import Job
 
-__all__ = ["PRIORITY_OFFSET", "PgQueueBackend"]
+__all__ = ["PgQueueBackend"]
 
 logger = logging.getLogger("django_pgqueue.tasks")
 
@@ -85,10 +85,9 @@ _OPTIONS = ("ATOMIC", "DATABASE", "MAX_ATTEMPTS", "TIMEOUT")
 class PgQueueBackend(BaseTaskBackend):
     """Stores tasks as django-pgqueue jobs; ``manage.py pgqueue_worker`` runs them.
 
-    ``OPTIONS`` (all optional): ``DATABASE``, the alias holding the jobs table
-    (default ``PGQUEUE['DATABASE']``); ``MAX_ATTEMPTS``, attempts per task (default
-    ``PGQUEUE['DEFAULT_MAX_ATTEMPTS']``); ``TIMEOUT``, seconds one attempt may run
-    (default none); ``ATOMIC``, run each attempt in ``transaction.atomic`` (default True).
+    Configured in ``TASKS``, with the ``OPTIONS`` ``DATABASE``, ``MAX_ATTEMPTS``,
+    ``TIMEOUT`` and ``ATOMIC`` described [below](#options); code uses it through
+    Django's Tasks API (``task.enqueue()``, ``get_result()``), which it implements.
     """
 
     supports_defer = True

@@ -18,6 +18,8 @@ from django.conf import settings as django_settings
 from . import validation
 from .exceptions import InvalidArgumentError, InvalidJobError, SettingsError
 
+__all__ = ["Schedule", "validate_cron"]
+
 #: Longest schedule name: the primary key of ``pgqueue_periodic``.
 NAME_MAX_LENGTH = 255
 #: Longest cron expression (the ``schedule`` column also holds the time zone).
@@ -37,7 +39,20 @@ _CRON_HELP = (
 
 def validate_cron(expression: Any, field: str = "schedule") -> str:
     """Return ``expression`` with its whitespace normalised, or raise
-    :class:`InvalidJobError` (naming ``field``) saying what is wrong with it."""
+    ``InvalidJobError`` (naming ``field``) saying what is wrong with it.
+
+    Checks a cron expression the way ``@job(schedule=...)`` does.
+
+    ```python
+    from django_pgqueue.cron import validate_cron
+
+    validate_cron("0  3 * * *")  # "0 3 * * *"
+    ```
+
+    Raises:
+        InvalidJobError: Naming ``field`` and what is wrong: the field count, a value out
+            of range, a date that never occurs, ``@reboot``.
+    """
     if not isinstance(expression, str):
         raise InvalidJobError(
             field, f"must be a cron expression string, got {type(expression).__name__}"
@@ -82,6 +97,8 @@ class Schedule:
     ``queue``, ``priority``, ``max_attempts`` and ``unique_key`` are passed to
     ``enqueue``; ``None`` takes the job type's defaults as usual. A tick whose unique key
     is held by an active job is skipped.
+
+    What [`schedules()`][django_pgqueue.periodic.schedules] returns, one per schedule.
     """
 
     name: str

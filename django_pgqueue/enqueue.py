@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("django_pgqueue.enqueue")
 
+__all__ = ["enqueue", "enqueue_many"]
+
 OnDuplicate = Literal["return", "raise"]
 _ON_DUPLICATE = ("return", "raise")
 
@@ -661,18 +663,77 @@ def enqueue(
 ) -> Job:
     """Insert one job and return it.
 
-    Runs on the caller's connection: inside ``transaction.atomic`` the job exists only if
-    the transaction commits. Unset options come from the job type's ``@job`` registration,
-    then from ``PGQUEUE`` (queue ``"default"``, priority 100, 3 attempts). Priorities run
-    from 0 to 1000, higher first. ``run_at`` (aware datetime) or ``delay`` (seconds or
-    ``timedelta``) postpone the job. Raises :class:`InvalidJobError` before writing
-    anything when an argument is invalid.
+    With a ``unique_key`` (or the job type's default key) held by an active job, nothing
+    is inserted and that job is returned instead. Sends
+    [`job_enqueued`](#signals) for the job it inserted (not for an existing
+    unique job), before returning. Do not create jobs with ``Job.objects.create()``: it
+    skips validation and does not wake workers.
 
-    With a ``unique_key`` (or the job type's default key), at most one pending, claimed
-    or running job has that key: when one exists, nothing is inserted and that job is
-    returned, or :class:`DuplicateJobError` is raised with ``on_duplicate="raise"``.
-    Sends ``job_enqueued`` for the job it inserted. The options are those of
-    :class:`~django_pgqueue.options.EnqueueOptions`; another keyword is a ``TypeError``.
+    Args:
+        job_type: Name of a registered job type: 1 to 200 characters, letters, digits and
+            ``_ . : / -``, not starting with ``.``, ``:``, ``/`` or ``-``. Must be
+            registered with [`@job`][django_pgqueue.job] in this process unless
+            ``PGQUEUE["VALIDATE_JOB_TYPES"]`` is ``False``.
+        data: The payload: a ``dict`` that can be serialised to JSON, or ``None`` for
+            ``{}``. Its compact UTF-8 JSON must fit in ``PGQUEUE["MAX_PAYLOAD_BYTES"]``
+            (64 KiB by default). What is accepted reaches the handler unchanged as
+            ``job.data`` (tuples become lists); what PostgreSQL's ``jsonb`` or Python
+            could not give back unchanged is rejected: NaN and infinities, floats of
+            magnitude 1e16 or more (``jsonb`` returns them as integers: pass an ``int`` or
+            a string), integers of more than 4,300 digits, keys that are not strings,
+            nesting deeper than 100 levels (``django_pgqueue.validation.MAX_NESTING``),
+            NUL characters and lone surrogates.
+        on_duplicate: What to do when an active job holds ``unique_key``: ``"return"``
+            (the default) returns it, ``"raise"`` raises
+            [`DuplicateJobError`][django_pgqueue.DuplicateJobError]. Nothing is inserted
+            either way.
+        using: Database alias to write to. Default: ``PGQUEUE["DATABASE"]``.
+        **options: The keys of
+            [`EnqueueOptions`][django_pgqueue.options.EnqueueOptions]: ``queue``,
+            ``priority``, ``max_attempts``, ``run_at``, ``delay``, ``unique_key``. Type
+            checkers see each key's type; an undeclared keyword raises ``TypeError``.
+
+    Returns:
+        The new [`Job`][django_pgqueue.Job], as inserted (status ``pending``, defaults
+            filled in), or the active job that holds ``unique_key``, as it is in the
+            database.
+
+    Raises:
+        InvalidJobError: Before writing anything, when an argument is invalid; its
+            ``field`` attribute names the argument.
+        DuplicateJobError: With ``on_duplicate="raise"``, when an active job holds the
+            key.
+        PgQueueError: When the holder of the key kept changing during the call (see
+            below).
+
+    Database errors propagate as usual.
+
+    The job is inserted with one statement on the connection of ``using``, so inside
+    ``transaction.atomic`` on that database it exists only if the transaction commits.
+    When ``PGQUEUE["NOTIFY"]`` is ``True`` and the job is due (its ``run_at``, given or
+    not, is at or before the database's ``now()``: the same test the claim makes), the
+    same statement sends a ``NOTIFY`` on ``PGQUEUE["NOTIFY_CHANNEL"]`` with the queue name
+    as payload; PostgreSQL delivers it only on commit.
+
+    The statement runs through a Django cursor of that connection, so
+    [`connection.execute_wrapper()`](https://docs.djangoproject.com/en/stable/topics/db/instrumentation/)
+    hooks, Django's database exceptions and tools that instrument Django's cursors see it
+    as any other query. A job without a ``unique_key`` reuses one cursor per thread and
+    connection instead of opening a new one per call (opening one costs the client about
+    as much as the insert); a new cursor is opened whenever ``connection.cursor()`` would
+    do more than hand one out: after a reconnect, while queries are logged (``DEBUG``,
+    ``assertNumQueries``, ``CaptureQueriesContext``), before the health check of a
+    request (``CONN_HEALTH_CHECKS``), inside a running event loop (Django then raises
+    ``SynchronousOnlyOperation``, as for any query) and while the connection is shared
+    between threads.
+
+    With a ``unique_key`` the statement is ``INSERT ... ON CONFLICT (unique_key) WHERE
+    status IN ('pending', 'claimed', 'running') DO NOTHING``, on the partial unique index
+    ``pgqueue_jobs_unique_key_active``, and reads the job holding the key in the same
+    statement: still one statement, and no ``NOTIFY`` when nothing was inserted. When the
+    holder was committed by another session while the insert waited for it, the
+    statement runs again (up to 50 times, then ``PgQueueError``). Concurrent enqueues of
+    one key from any number of processes get one job.
     """
     _check_on_duplicate(on_duplicate)
     if options:
@@ -728,18 +789,51 @@ def enqueue_many(
 ) -> list[Job]:
     """Insert many jobs and return them in the order given; all of them or none.
 
-    Each spec is a mapping with :func:`enqueue`'s arguments as keys (``job_type`` is
-    required). One bad spec rejects the whole call with :class:`InvalidJobError`, which
-    names it (``specs[3].priority: ...``), and nothing of the batch is inserted. A batch
-    of more than ``COPY_PART_ROWS`` specs is streamed to the database while the rest is
-    validated, inside a transaction (a savepoint inside ``transaction.atomic``) that a bad
-    spec rolls back.
+    An empty iterable returns ``[]`` without a query. One ``NOTIFY`` is sent per queue
+    that received a due job, after the rows.
+    [`job_enqueued`](#signals) is sent for each inserted job, in the order
+    of ``specs``.
 
-    Unique keys: the first spec with a key inserts a job (unless an active job holds the
-    key already); each later spec with that key gets the same job back. With
-    ``on_duplicate="raise"``, two specs with one key are an :class:`InvalidJobError` and
-    a key held by an active job raises :class:`DuplicateJobError`; either way nothing of
-    the batch is inserted.
+    Args:
+        specs: Mappings with the keys of [`JobSpec`][django_pgqueue.JobSpec]:
+            ``job_type`` is required, every other key is optional and defaults as in
+            [`enqueue()`][django_pgqueue.enqueue.enqueue].
+        on_duplicate: As in ``enqueue()``; see the unique keys below.
+        using: Database alias to write to. Default: ``PGQUEUE["DATABASE"]``.
+
+    Returns:
+        The jobs, one per spec, in the order of ``specs``.
+
+    Raises:
+        InvalidJobError: For the whole call, with ``field`` naming the spec (for example
+            ``specs[3].priority``), for an invalid spec, a spec that is not a mapping, a
+            missing ``job_type`` or an unknown key; nothing of the batch is inserted.
+        DuplicateJobError: With ``on_duplicate="raise"``, for the first spec whose key is
+            held by an active job; nothing of the batch is inserted (the call uses a
+            savepoint of its own).
+
+    Plain jobs (no unique key) are sent with ``COPY``, after one query that reads the
+    database's clock: ``created_at`` is that reading plus one microsecond per spec, so
+    among equal priorities the jobs are claimed in the order of ``specs``, and ``run_at``
+    is the transaction's ``now()`` plus any ``delay``, as ``enqueue()`` sets it. Up to
+    ``COPY_PART_ROWS`` (1,000) specs are validated before anything is sent. A larger batch
+    is streamed: each part goes to the server while the next is validated, inside a
+    transaction of its own (a savepoint inside ``transaction.atomic``), so a bad spec late
+    in the batch rolls back what was sent and leaves the caller's transaction usable.
+    While a streamed batch is built, Python's cyclic garbage collector is paused
+    (``gc.disable()``, resumed at the end if it was running): the call creates several
+    objects per job and no cycles, and the collections they triggered took a fifth of its
+    time. Django's query log (``connection.queries``, ``assertNumQueries``) shows the
+    ``COPY`` as one query; execute wrappers (``connection.execute_wrapper``) do not see
+    it.
+
+    Unique keys: a spec whose ``unique_key`` is held by an active job gets that job; the
+    first spec with a key inserts a job when the key is free, and every later spec with
+    the same key gets that job (the same ``Job`` object). With ``on_duplicate="raise"``,
+    two specs with one key raise ``InvalidJobError`` (``field`` ``specs[<i>].unique_key``)
+    before anything is written. A batch with keys inserts its rows in key order, so
+    concurrent batches sharing keys cannot deadlock on each other; ``created_at`` still
+    follows the order of ``specs``.
     """
     _check_on_duplicate(on_duplicate)
     prepared = _prepared_rows(specs)

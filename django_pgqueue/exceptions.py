@@ -1,4 +1,27 @@
-"""Exceptions raised by django-pgqueue, and the ones handlers raise to steer retries."""
+"""Exceptions raised by django-pgqueue, and the ones handlers raise to steer retries.
+
+```text
+Exception
+└── PgQueueError
+    ├── InvalidArgumentError (also a ValueError)
+    │   ├── InvalidJobError
+    │   └── InvalidWorkerOptionError
+    ├── DuplicateJobError
+    ├── JobRegistrationError
+    ├── UnknownJobTypeError (also a LookupError)
+    ├── AsyncHandlerError (also a TypeError)
+    ├── UndecodableJobError (also a ValueError)
+    ├── SettingsError
+    ├── MissingExtraError (also an ImportError)
+    ├── FailJob
+    │   └── TaskReturnValueError (also a TypeError)
+    ├── RetryJob
+    ├── JobCancelled
+    └── JobTimeout
+```
+
+The ones used most are also exported by ``django_pgqueue``.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +30,25 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .models import Job
+
+__all__ = [
+    "AsyncHandlerError",
+    "DuplicateJobError",
+    "FailJob",
+    "InvalidArgumentError",
+    "InvalidJobError",
+    "InvalidWorkerOptionError",
+    "JobCancelled",
+    "JobRegistrationError",
+    "JobTimeout",
+    "MissingExtraError",
+    "PgQueueError",
+    "RetryJob",
+    "SettingsError",
+    "TaskReturnValueError",
+    "UndecodableJobError",
+    "UnknownJobTypeError",
+]
 
 
 class PgQueueError(Exception):
@@ -17,6 +59,10 @@ class InvalidArgumentError(PgQueueError, ValueError):
     """An argument was rejected before anything was written or started.
 
     ``field`` names the offending argument (``"data"``, ``"priority"``, ...).
+
+    Also a ``ValueError``. ``field`` may name a spec's key (``"specs[2].queue"``) or a
+    worker option (``"concurrency"``); the message starts with it
+    (``"<field>: <message>"``). Catch it to handle both subclasses.
     """
 
     def __init__(self, field: str, message: str) -> None:
@@ -26,11 +72,20 @@ class InvalidArgumentError(PgQueueError, ValueError):
 
 
 class InvalidJobError(InvalidArgumentError):
-    """A job was rejected before anything was written (bad ``enqueue`` arguments)."""
+    """A job was rejected before anything was written (bad ``enqueue`` arguments).
+
+    Raised by ``enqueue()``, ``enqueue_many()``, ``@job(...)`` and
+    ``job.set_progress()`` for invalid arguments.
+    """
 
 
 class InvalidWorkerOptionError(InvalidArgumentError):
-    """A worker option (concurrency, queues, ...) is invalid; nothing was started."""
+    """A worker option (concurrency, queues, ...) is invalid; nothing was started.
+
+    Raised by [`Worker`][django_pgqueue.worker.Worker]; ``field`` is one of
+    ``"queues"``, ``"job_types"``, ``"concurrency"``, ``"prefetch"``, ``"batch_size"``,
+    ``"poll_interval"``, ``"shutdown_grace"``, ``"worker_id"``.
+    """
 
 
 class DuplicateJobError(PgQueueError):
@@ -39,6 +94,8 @@ class DuplicateJobError(PgQueueError):
 
     ``unique_key`` is the key, ``job_id`` the existing job's id and ``job`` the existing
     ``Job`` as read at that moment.
+
+    Also raised by ``enqueue_many(..., on_duplicate="raise")``.
     """
 
     def __init__(self, unique_key: str, job: Job) -> None:
@@ -59,25 +116,48 @@ class JobRegistrationError(PgQueueError):
 
 
 class UnknownJobTypeError(PgQueueError, LookupError):
-    """No handler is registered for a job type."""
+    """No handler is registered for a job type.
+
+    A worker that claims such a job fails the attempt with this error, and the job is
+    retried like after any other failure.
+    """
 
 
 class AsyncHandlerError(PgQueueError, TypeError):
     """A handler returned a coroutine or another awaitable: its body never ran, so the
-    attempt fails (async handlers are not supported yet)."""
+    attempt fails (async handlers are not supported yet).
+
+    The worker closes the coroutine unawaited, fails the attempt with this error (rolling
+    back what an atomic handler wrote) and retries the job like after any other failure,
+    so it ends ``failed``, never ``completed``. Make the handler a plain function; to call
+    async code from it, wrap that code with ``asgiref.sync.async_to_sync``.
+    """
 
 
 class UndecodableJobError(PgQueueError, ValueError):
     """A claimed job holds a value Python cannot read (a time outside years 1 to 9999,
-    say), written outside enqueue's validation: the job fails without running."""
+    say), written outside enqueue's validation: the job fails without running.
+
+    Such values are a time outside years 1 to 9999 (``infinity``, or a year 10000 once
+    converted to UTC) or JSON with a number of more digits than Python's ``int``
+    accepts; only SQL written outside ``enqueue`` can store one. The worker fails that
+    job at once, its ``last_error`` naming the column and the value; the rest of the
+    claimed batch runs. Correct the value, then retry the job.
+    """
 
 
 class SettingsError(PgQueueError):
-    """The ``PGQUEUE`` setting is malformed."""
+    """The ``PGQUEUE`` setting is malformed.
+
+    Reported by the system check [`E001`](system-checks.md#e001).
+    """
 
 
 class MissingExtraError(PgQueueError, ImportError):
-    """An optional feature was used without its optional dependency installed."""
+    """An optional feature was used without its optional dependency installed.
+
+    See [Metrics](metrics.md#missingextraerror).
+    """
 
     def __init__(self, feature: str, package: str, extra: str) -> None:
         super().__init__(
@@ -87,12 +167,18 @@ class MissingExtraError(PgQueueError, ImportError):
 
 
 class FailJob(PgQueueError):
-    """Raise from a handler to fail the job at once, without further retries."""
+    """Raise from a handler to fail the job at once, without further retries.
+
+    The job ends ``failed``. See [Handle failures and retries](../how-to/retries.md).
+    """
 
 
 class TaskReturnValueError(FailJob, TypeError):
     """A Django Task returned a value that is not JSON: the job fails without a retry
-    (running the task again would repeat its side effects for the same outcome)."""
+    (running the task again would repeat its side effects for the same outcome).
+
+    Raised in the worker; see [Django Tasks backend](tasks-backend.md).
+    """
 
 
 class RetryJob(PgQueueError):
@@ -100,6 +186,16 @@ class RetryJob(PgQueueError):
 
     The attempt counts towards ``max_attempts``: a job that keeps asking to be retried
     still ends ``failed`` once its attempts are spent.
+
+    The job is retried after exactly ``delay`` (no jitter). ``delay_seconds`` holds it
+    as a ``float``. Without a message, the error reads ``retry requested in <delay>s``.
+
+    Args:
+        message: The error recorded on the job.
+        delay: Seconds or a ``timedelta``.
+
+    Raises:
+        ValueError: When ``delay`` is negative.
     """
 
     def __init__(self, message: str = "", *, delay: float | timedelta = 0) -> None:
@@ -112,8 +208,15 @@ class RetryJob(PgQueueError):
 
 class JobCancelled(PgQueueError):
     """Raised inside a handler (by ``job.raise_if_cancel_requested()``) once cancellation
-    was requested; the job then ends ``cancelled``."""
+    was requested; the job then ends ``cancelled``.
+
+    A handler may raise it too. See [Cancel jobs](../how-to/cancel.md).
+    """
 
 
 class JobTimeout(PgQueueError):
-    """Raised inside a handler that ran past its ``timeout``."""
+    """Raised inside a handler that ran past its ``timeout``.
+
+    The attempt fails and is retried like any other failure. See
+    [Set timeouts](../how-to/timeouts.md).
+    """

@@ -5,7 +5,7 @@ across all workers; ``claim_job_batch`` enforces the rows of ``pgqueue_limits``.
 are declared in ``PGQUEUE["QUEUE_LIMITS"]``, ``PGQUEUE["JOB_TYPE_LIMITS"]`` and
 ``@job(concurrency=N)``; the setting wins over the decorator for the same job type
 (``None`` in the setting lifts the decorator's limit). Every worker writes the declared
-limits when it starts (:func:`sync_declared_limits`), so the last worker to start wins:
+limits when it starts (``sync_declared_limits()``), so the last worker to start wins:
 all workers of a deployment must share the settings and job modules.
 """
 
@@ -20,6 +20,8 @@ from .models import LimitScope
 
 logger = logging.getLogger("django_pgqueue.limits")
 
+__all__ = ["declared_limits", "stored_limits", "sync_declared_limits"]
+
 #: ``(scope, name)``: scope is ``"queue"`` or ``"job_type"``.
 LimitKey = tuple[str, str]
 
@@ -28,7 +30,12 @@ _SYNC_LOCK_KEY = "pgqueue_limits:sync"
 
 
 def declared_limits() -> dict[LimitKey, int]:
-    """The limits this process's settings and ``@job`` registrations declare."""
+    """The limits this process's settings and ``@job`` registrations declare.
+
+    By ``(scope, name)``, with scope ``"queue"`` or ``"job_type"``:
+    ``PGQUEUE["QUEUE_LIMITS"]``, then ``@job(concurrency=...)``, then
+    ``PGQUEUE["JOB_TYPE_LIMITS"]`` (which wins; ``None`` removes).
+    """
     settings = conf.get_settings()
     declared: dict[LimitKey, int] = {
         (LimitScope.QUEUE.value, name): limit for name, limit in settings.QUEUE_LIMITS.items()
@@ -55,11 +62,14 @@ def stored_limits(using: str | None = None) -> dict[LimitKey, int]:
 
 
 def sync_declared_limits(using: str | None = None) -> None:
-    """Make ``pgqueue_limits`` equal to :func:`declared_limits`, in one transaction.
+    """Make ``pgqueue_limits`` equal to ``declared_limits()``, in one transaction.
 
     Changed limits are updated, new ones inserted, undeclared ones deleted; nothing is
     written when the table already matches. Workers call it when they start. Jobs already
     claimed or running are never stopped: a lowered limit takes effect as they finish.
+
+    Concurrent calls are serialised by an advisory lock. Each change is logged
+    (``django_pgqueue.limits``, ``INFO``).
     """
     alias = conf.jobs_database(using)
     declared = declared_limits()

@@ -35,6 +35,16 @@ class _CancelSignal(Protocol):
 
 logger = logging.getLogger("django_pgqueue.models")
 
+__all__ = [
+    "ConcurrencyLimit",
+    "Job",
+    "JobEvent",
+    "JobQuerySet",
+    "PeriodicTick",
+    "QueueState",
+    "WorkerRecord",
+]
+
 #: ``retry()`` runs its update again at most this many times when new jobs take the keys.
 UNIQUE_RETRY_ROUNDS = 10
 
@@ -43,12 +53,24 @@ RETRY_PERMISSION = "retry_job"
 
 
 class JobQuerySet(models.QuerySet["Job"]):
-    """State transitions that apply to many jobs at once; each returns the rows changed."""
+    """State transitions that apply to many jobs at once; each returns the rows changed.
+
+    The query set of ``Job.objects``. ``retry()`` and ``run_now()``, when they changed
+    any row and ``PGQUEUE["NOTIFY"]`` is ``True``, also send a ``NOTIFY`` on
+    ``PGQUEUE["NOTIFY_CHANNEL"]`` for each queue of the jobs they made due, like
+    ``enqueue()`` does: PostgreSQL delivers it when the transaction commits, and idle
+    workers serving those queues pick the jobs up at once instead of at their next poll.
+    """
 
     def cancel(self) -> int:
         """Cancel pending jobs at once and ask workers to stop claimed or running ones.
 
         Returns how many jobs were cancelled or had cancellation requested.
+
+        The selected ``pending`` jobs become ``cancelled`` (``completed_at`` set); the
+        selected ``claimed`` and ``running`` jobs that have no request yet get
+        ``cancel_requested_at`` set. The result is the sum of both counts. Finished jobs
+        are not touched. See [Cancel jobs](../how-to/cancel.md).
         """
         cancelled = self.filter(status=JobStatus.PENDING).update(
             status=JobStatus.CANCELLED, completed_at=Now()
@@ -64,6 +86,17 @@ class JobQuerySet(models.QuerySet["Job"]):
         A job whose ``unique_key`` is held by an active job stays as it is, and so do all
         but the newest of several selected jobs sharing a key: those are skipped (and
         logged), never an ``IntegrityError``. Returns the number of jobs retried.
+
+        The selected ``failed`` and ``cancelled`` jobs get ``attempts`` 0, ``progress`` 0,
+        ``worker_ids`` ``[]``, and ``worker_id``, ``claimed_at``, ``started_at``,
+        ``heartbeat_at``, ``completed_at`` and ``cancel_requested_at`` cleared. Other jobs
+        are not touched. Sends a ``NOTIFY`` for their queues (see above).
+
+        Skipped jobs (they stay ``failed`` or ``cancelled``) are not counted in the result
+        and are logged at ``WARNING`` on ``django_pgqueue.models``: a retry never breaks
+        the one-active-job-per-key rule. The update runs in a savepoint and is repeated
+        when a job with one of the keys is enqueued concurrently (after 10 such rounds,
+        ``PgQueueError``).
         """
         eligible = self.filter(status__in=RETRYABLE)
         queues = _queues_of(eligible)
@@ -114,7 +147,11 @@ class JobQuerySet(models.QuerySet["Job"]):
         return changed
 
     def run_now(self) -> int:
-        """Make delayed pending jobs due immediately."""
+        """Make delayed pending jobs due immediately.
+
+        The selected ``pending`` jobs whose ``run_at`` is in the future; sends a ``NOTIFY``
+        for their queues (see above).
+        """
         eligible = self.filter(not_yet_due_q(), status=JobStatus.PENDING)
         queues = _queues_of(eligible)
         changed = eligible.update(run_at=Now())
@@ -205,8 +242,73 @@ class JobsDatabaseModel(models.Model):
 class Job(JobsDatabaseModel):
     """A unit of background work.
 
-    Create jobs with :func:`django_pgqueue.enqueue`, not ``Job.objects.create``: enqueue
-    validates the payload and wakes idle workers.
+    Create jobs with [`enqueue()`][django_pgqueue.enqueue.enqueue], not
+    ``Job.objects.create``: enqueue validates the payload and wakes idle workers.
+
+    One row of the ``pgqueue_jobs`` table; also ``django_pgqueue.Job``. App label
+    ``django_pgqueue``; default ordering newest first (``-created_at``).
+
+    ``Job.objects`` (a [`JobQuerySet`][django_pgqueue.models.JobQuerySet]), like the
+    managers of the app's other models (``JobEvent``, ``WorkerRecord``, ``QueueState``,
+    ``ConcurrencyLimit``, ``PeriodicTick``), queries ``PGQUEUE["DATABASE"]``, not the
+    database router's choice; ``using()`` picks another alias. An instance is saved,
+    deleted, reloaded, cancelled or retried in the database it was loaded from.
+
+    Attributes:
+        id (UUIDField): Primary key, default ``gen_random_uuid()``. ``enqueue()`` gives
+            each job a
+            [version 7 UUID](https://www.rfc-editor.org/rfc/rfc9562#name-uuid-version-7):
+            time-ordered, so ids of later jobs sort after earlier ones (to the
+            millisecond) and inserts append to the primary key.
+        job_type (CharField): Which handler runs the job.
+        queue (CharField): The queue the job is in. Default ``"default"``.
+        priority (IntegerField): 0 to 1000, higher first. Default 100.
+        status (CharField): Where the job is in its life cycle, a
+            [`JobStatus`][django_pgqueue.JobStatus]. Default ``"pending"``.
+        data (JSONField): The payload. Default ``{}``.
+        result (JSONField): What the handler returned, when it completed and the value
+            was JSON-serialisable; nullable, default ``NULL``.
+        progress (SmallIntegerField): Percent, 0 to 100; set to 100 on completion.
+            Default 0.
+        current_stage (CharField): Label given to the last ``set_progress()``.
+            Default ``""``.
+        events_count (IntegerField): How many times ``set_progress()`` wrote progress.
+            Default 0.
+        worker_id (CharField): The worker holding the job, or the one that finished
+            it. ``NULL`` while pending.
+        worker_ids (JSONField): The worker of every attempt, oldest first. An attempt that
+            is [given back](../how-to/retries.md#how-attempts-are-counted) is removed from
+            it. ``retry()`` resets it to ``[]``. Default ``[]``.
+        created_at (DateTimeField): Default: the time of the insert.
+        run_at (DateTimeField): The job is not claimed before this time. Default: the
+            time of the insert.
+        claimed_at (DateTimeField): When the current or last attempt was claimed;
+            nullable.
+        started_at (DateTimeField): When the current or last attempt started; nullable.
+        heartbeat_at (DateTimeField): Last sign of life from the worker holding the job;
+            nullable.
+        completed_at (DateTimeField): When the job became ``completed``, ``failed`` or
+            ``cancelled``; nullable.
+        cancel_requested_at (DateTimeField): When cancellation of the claimed or running
+            job was requested; nullable.
+        attempts (IntegerField): Attempts made so far, counted at claim time. Default 0.
+        max_attempts (IntegerField): Attempts allowed before the job ends ``failed``.
+            Default 3.
+        last_error (TextField): ``"<ExceptionType>: <message>"`` of the last failure, why
+            recovery took the job back, or a note that a return value could not be
+            stored. Kept after a later success. Default ``""``.
+        last_traceback (TextField): Traceback of the last failure. Default ``""``.
+        unique_key (CharField): The job's
+            [unique key](../how-to/unique-jobs.md): no two ``pending``, ``claimed`` or
+            ``running`` jobs share one (partial unique index
+            ``pgqueue_jobs_unique_key_active``). ``NULL`` (the default): no key.
+
+    Defaults are database defaults, so rows inserted with SQL get them too. See
+    [SQL schema](sql.md#the-pgqueue_jobs-table) for the column types and lengths, the
+    constraints and the indexes.
+
+    ``cancel()`` and ``retry()`` do not update the instance: call ``refresh_from_db()``
+    to see the new status.
     """
 
     id = models.UUIDField(primary_key=True, db_default=RandomUUID(), editable=False)
@@ -308,6 +410,7 @@ class Job(JobsDatabaseModel):
 
     @property
     def is_finished(self) -> bool:
+        """``True`` when the status is ``completed``, ``failed`` or ``cancelled``."""
         return self.status in FINISHED
 
     def set_progress(self, percent: int, stage: str | None = None) -> bool:
@@ -317,6 +420,37 @@ class Job(JobsDatabaseModel):
         handler is in, so the admin shows it while the job is still running. Returns
         False, writing nothing, when the job is no longer claimed or running by this
         job's worker (it finished, or recovery gave it to another worker).
+
+        Updates ``progress``, ``current_stage`` (only when ``stage`` is given) and
+        ``events_count`` in the database and on the instance, and records a
+        [`JobEvent`][django_pgqueue.models.JobEvent] in the same SQL statement. Inside a
+        transaction the write goes through a separate autocommit connection, so it is
+        visible to others immediately and survives a rollback of the handler's
+        transaction. That side connection is one per thread and database, opened directly
+        with psycopg (never taken from Django's connection pool), closed when a worker's
+        slot thread ends and at the end of every request, and otherwise kept open. It
+        sets ``lock_timeout = '10s'``: a write that waits on a row lock (for example one
+        held by the caller's own transaction) fails after 10 seconds instead of waiting
+        forever.
+
+        It writes only while the job is ``claimed`` or ``running`` and held by the worker
+        recorded on this instance (its ``worker_id``). Otherwise (the job has finished, is
+        still ``pending``, or was recovered and handed to another worker) it writes
+        nothing and leaves the instance unchanged.
+
+        Args:
+            percent: An integer from 0 to 100.
+            stage: A string of at most 200 characters without NUL characters or lone
+                surrogates; ``None`` keeps ``current_stage``.
+
+        Returns:
+            ``True`` when the progress was written, ``False`` otherwise.
+
+        Raises:
+            InvalidJobError: For invalid arguments (``field`` ``"percent"`` or
+                ``"stage"``).
+            DatabaseError: Django's, whichever connection was used
+                (``OperationalError`` for a lost connection).
         """
         if not isinstance(percent, int) or isinstance(percent, bool) or not 0 <= percent <= 100:
             raise InvalidJobError("percent", f"must be an integer from 0 to 100, got {percent!r}")
@@ -344,22 +478,35 @@ class Job(JobsDatabaseModel):
 
         Inside a worker this is a cheap in-memory check kept fresh by the worker's
         heartbeat; elsewhere it reads the database.
+
+        The worker sets the flag within ``HEARTBEAT_INTERVAL`` of the request; it also
+        sets it when it releases the job at shutdown or finds it was recovered by another
+        worker.
         """
         if self._cancel_event is not None:
             return self._cancel_event.is_set()
         return self._this_job().filter(cancel_requested_at__isnull=False).exists()
 
     def raise_if_cancel_requested(self) -> None:
-        """Raise :class:`~django_pgqueue.exceptions.JobCancelled` if cancellation was asked."""
+        """Raise ``JobCancelled`` if cancellation was asked."""
         if self.is_cancel_requested():
             raise JobCancelled(f"job {self.id} was cancelled")
 
     def cancel(self) -> bool:
-        """Cancel this job (see :meth:`JobQuerySet.cancel`); True if anything changed."""
+        """Cancel this job (see ``JobQuerySet.cancel()``); True if anything changed.
+
+        ``Job.objects.filter(pk=job.pk).cancel()``: ``True`` if the job was cancelled or
+        asked to stop. See
+        [`JobQuerySet.cancel()`][django_pgqueue.models.JobQuerySet.cancel].
+        """
         return self._this_job().cancel() > 0
 
     def retry(self) -> bool:
-        """Put this failed or cancelled job back to pending; True if it was eligible."""
+        """Put this failed or cancelled job back to pending; True if it was eligible.
+
+        ``Job.objects.filter(pk=job.pk).retry()``: wakes idle workers like
+        [`JobQuerySet.retry()`][django_pgqueue.models.JobQuerySet.retry].
+        """
         return self._this_job().retry() > 0
 
     def _this_job(self) -> JobQuerySet:
@@ -368,7 +515,10 @@ class Job(JobsDatabaseModel):
 
     @classmethod
     def from_row(cls, columns: list[str], row: tuple[Any, ...], using: str) -> Job:
-        """Build a ``Job`` from a raw ``pgqueue_jobs`` row, decoding JSON columns."""
+        """Build a ``Job`` from a raw ``pgqueue_jobs`` row, decoding JSON columns.
+
+        For rows as returned by the SQL function ``claim_job_batch``.
+        """
         by_name = dict(zip(columns, row, strict=True))
         for name in ("data", "result", "worker_ids"):
             if isinstance(by_name.get(name), str):
@@ -493,6 +643,22 @@ class JobEvent(JobsDatabaseModel):
     Written by the same statement as the progress itself. Only recent events are kept:
     every ``EVENTS_KEPT``-th event of a job trims its history to the newest
     ``EVENTS_KEPT``. Deleting a job deletes its events: the database does it.
+
+    One row of the [`pgqueue_job_events`](sql.md#the-pgqueue_job_events-table) table.
+    Default ordering newest first (``-id``). An event exists exactly when the progress was
+    written. ``EVENTS_KEPT`` is 100, so a job has fewer than 200 events. Deleting jobs
+    relies on ``ON DELETE CASCADE``, so ``Job.objects.filter(...).delete()`` stays a
+    single ``DELETE``. The admin shows the newest 50 on a job's page.
+
+    ```python
+    job.events.order_by("id").values_list("created_at", "progress", "stage")
+    ```
+
+    Attributes:
+        job (ForeignKey): The ``Job``; reverse name ``events``.
+        created_at (DateTimeField): When the call was made.
+        progress (SmallIntegerField): The percent written.
+        stage (CharField): The job's ``current_stage`` after the call.
     """
 
     # The database cascades (migration 0003 creates the constraint with ON DELETE
@@ -522,7 +688,34 @@ class JobEvent(JobsDatabaseModel):
 
 
 class WorkerRecord(JobsDatabaseModel):
-    """A worker process, as it last reported itself (one row per worker start)."""
+    """A worker process, as it last reported itself (one row per worker start).
+
+    One row of the [`pgqueue_workers`](sql.md#the-pgqueue_workers-table) table. Workers
+    write these rows; read them to see which workers are running:
+
+    ```python
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from django_pgqueue.models import WorkerRecord
+
+    WorkerRecord.objects.filter(
+        stopped_at__isnull=True, heartbeat_at__gte=timezone.now() - timedelta(minutes=1)
+    )
+    ```
+
+    Attributes:
+        worker_id (CharField): Primary key.
+        hostname (CharField): The host the worker runs on.
+        pid (IntegerField): Its process id.
+        queues (JSONField): The queues it serves, ``None`` for all.
+        job_types (JSONField): The job types it runs, ``None`` for all.
+        concurrency (IntegerField): Its number of slots.
+        started_at (DateTimeField): When it started.
+        heartbeat_at (DateTimeField): Its last heartbeat.
+        stopped_at (DateTimeField): When it stopped; ``None`` while running.
+    """
 
     worker_id = models.CharField(max_length=255, primary_key=True)
     hostname = models.CharField(max_length=255)
@@ -548,6 +741,15 @@ class QueueState(JobsDatabaseModel):
     """Runtime state of a queue that someone changed: a paused queue is not claimed.
 
     A queue with no row here is active; rows appear when a queue is first paused.
+
+    A row of ``pgqueue_queues``, written by
+    [`pause_queue()`][django_pgqueue.queues.pause_queue] and
+    [`resume_queue()`][django_pgqueue.queues.resume_queue].
+
+    Attributes:
+        name (CharField): The queue (primary key).
+        paused_at (DateTimeField): When it was paused; ``None``: active.
+        updated_at (DateTimeField): When the row last changed.
     """
 
     name = models.CharField(max_length=schema.QUEUE_MAX_LENGTH, primary_key=True)
@@ -574,6 +776,14 @@ class ConcurrencyLimit(JobsDatabaseModel):
     across all workers; ``claim_job_batch`` enforces it.
 
     Workers write these rows from the declared limits when they start.
+
+    A row of ``pgqueue_limits``; see [concurrency limits](#limits).
+
+    Attributes:
+        scope (CharField): ``"queue"`` or ``"job_type"``.
+        name (CharField): The queue or job type.
+        max_running (IntegerField): The limit, at least 1.
+        updated_at (DateTimeField): When the row last changed.
     """
 
     scope = models.CharField(max_length=16, choices=LimitScope.choices)
@@ -602,7 +812,20 @@ class ConcurrencyLimit(JobsDatabaseModel):
 
 class PeriodicTick(JobsDatabaseModel):
     """The last tick of a periodic job that was enqueued: the row that makes each tick
-    enqueue exactly once, whichever worker gets there first."""
+    enqueue exactly once, whichever worker gets there first.
+
+    Table ``pgqueue_periodic``: one row per schedule seen by a worker.
+
+    Attributes:
+        name (CharField): The schedule's name (primary key).
+        schedule (CharField): The expression and time zone, such as
+            ``"0 3 * * * (UTC)"``. A different value resets the schedule.
+        last_tick (DateTimeField): The latest tick recorded: enqueued, or recorded on
+            first sight or change.
+        last_job_id (UUIDField): The job enqueued for the latest enqueued tick, or
+            ``None``.
+        updated_at (DateTimeField): When the row last changed.
+    """
 
     name = models.CharField(max_length=255, primary_key=True)
     schedule = models.CharField(max_length=255)

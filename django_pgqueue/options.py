@@ -1,10 +1,11 @@
 """The options of a job, declared once for every entry point that takes them.
 
 ``enqueue()``, ``JobDefinition.enqueue()`` and the specs of ``enqueue_many()`` take
-:class:`EnqueueOptions`; ``@job`` takes :class:`JobOptions`. Both start from
-:class:`JobDefaults`, the options a job type's registration sets as the defaults of
-its enqueues. Type checkers see the keys and their types through ``Unpack``; at run
-time :func:`check_keys` refuses a key that is not declared.
+[`EnqueueOptions`][django_pgqueue.options.EnqueueOptions]; ``@job`` takes
+[`JobOptions`][django_pgqueue.options.JobOptions]. Both start from
+[`JobDefaults`][django_pgqueue.options.JobDefaults], the options a job type's
+registration sets as the defaults of its enqueues. Type checkers see the keys and their
+types through ``Unpack``; at run time a key that is not declared raises ``TypeError``.
 """
 
 # No "from __future__ import annotations": TypedDict must see Required at run time.
@@ -25,51 +26,99 @@ class JobDefaults(TypedDict, total=False):
     """What ``@job`` sets as the defaults of a type's enqueues, and enqueue per job.
 
     ``None`` (or leaving a key out) takes the job type's default, then ``PGQUEUE``'s.
+    Arguments given to ``enqueue()`` win over the defaults of ``@job``.
     """
 
-    #: The queue: 1 to 100 characters, letters, digits and ``_ . : -``.
     queue: str | None
-    #: From 0 to 1000; higher runs first.
+    """The queue: 1 to 100 characters, letters, digits and ``_ . : -``, not starting with
+    ``.``, ``:`` or ``-``. Default: the job type's ``queue``, else
+    ``PGQUEUE["DEFAULT_QUEUE"]``."""
     priority: int | None
-    #: Runs at most this many times (1 to 1000).
+    """An integer from 0 to 1000; higher runs first. Default: the job type's
+    ``priority``, else ``PGQUEUE["DEFAULT_PRIORITY"]``."""
     max_attempts: int | None
+    """Attempts allowed before the job ends ``failed``: an integer from 1 to 1000.
+    Default: the job type's ``max_attempts``, else ``PGQUEUE["DEFAULT_MAX_ATTEMPTS"]``."""
 
 
 class EnqueueOptions(JobDefaults, total=False):
     """The options of one job, for ``enqueue()`` and ``JobDefinition.enqueue()``."""
 
-    #: Not claimed before this timezone-aware time.
     run_at: datetime | None
-    #: Not claimed before this long (seconds or a ``timedelta``) after the database's
-    #: ``now()``; give ``run_at`` or ``delay``, not both.
+    """A timezone-aware ``datetime`` before which the job is not claimed, stored in UTC
+    (any offset Python allows is accepted, also those PostgreSQL refuses). Once in UTC it
+    must lie between 0001-01-02 and 9999-12-30 (``validation.EARLIEST_TIME``,
+    ``validation.LATEST_TIME``), so that it can be read back and shown in any time zone;
+    a naive ``datetime`` is rejected."""
     delay: float | timedelta | None
-    #: At most one pending, claimed or running job has this key.
+    """Seconds (a non-negative number, at most 1,000 years: ``MAX_DELAY_SECONDS``) or a
+    ``timedelta``: the job is due that long after PostgreSQL's ``now()``, the start of the
+    current transaction, to the microsecond. Give ``run_at`` or ``delay``, not both; with
+    neither, the job is due at once."""
     unique_key: str | None
+    """At most one ``pending``, ``claimed`` or ``running`` job has this key. Text of 1 to
+    255 characters (``django_pgqueue.schema.UNIQUE_KEY_MAX_LENGTH``), without NUL
+    characters or lone surrogates. Keys are global across job types and queues. Default:
+    the job type's ``unique_key`` (a string, or what its callable returns for ``data``),
+    else no key. See [Avoid duplicate jobs](../how-to/unique-jobs.md)."""
 
 
 class JobSpec(EnqueueOptions, total=False):
-    """One job for :func:`~django_pgqueue.enqueue_many`: ``enqueue()``'s arguments as keys."""
+    """One job for ``enqueue_many()``: ``enqueue()``'s arguments as keys.
+
+    For type checkers (also exported as ``django_pgqueue.JobSpec``); plain dicts work
+    too. ``job_type`` is required, every other key is optional and defaults as in
+    [`enqueue()`][django_pgqueue.enqueue.enqueue].
+    """
 
     job_type: Required[str]
+    """The job type, as ``enqueue()``'s ``job_type``."""
     data: dict[str, Any] | None
+    """The payload, as ``enqueue()``'s ``data``."""
 
 
 class JobOptions(JobDefaults, total=False):
-    """The options of ``@job``, besides the job type's name."""
+    """The options of ``@job``, besides the job type's name.
 
-    #: Seconds (or a ``timedelta``) one run may take.
+    ``queue``, ``priority`` and ``max_attempts`` (from
+    [`JobDefaults`][django_pgqueue.options.JobDefaults]) are the defaults of the type's
+    enqueues.
+    """
+
     timeout: float | timedelta | None
-    #: ``Backoff`` or ``callable(attempt) -> seconds``; default: ``PGQUEUE``'s backoff.
+    """Limit on one attempt, in seconds or as a ``timedelta``; must be positive.
+    ``None``: no limit. See [Set timeouts](../how-to/timeouts.md)."""
     retry_backoff: RetryBackoff | None
-    #: Run each attempt in ``transaction.atomic`` (default ``True``).
+    """Delay before a retry: a [`Backoff`][django_pgqueue.Backoff], or a callable that
+    receives the number of the attempt that failed (1-based) and returns seconds.
+    ``None``: the backoff from ``PGQUEUE["RETRY_BACKOFF_BASE"]`` and
+    ``["RETRY_BACKOFF_MAX"]``."""
     atomic: bool
-    #: The default ``unique_key`` of the type's enqueues: a string or a callable.
+    """When ``True`` (the default) the handler runs inside ``transaction.atomic`` on the
+    worker's database (``PGQUEUE["DATABASE"]`` unless the worker was given another): its
+    writes are committed only if it returns. ``False``: it runs in autocommit mode and
+    manages transactions itself."""
     unique_key: UniqueKey | None
-    #: A cron expression: workers enqueue the job on every tick.
+    """The default ``unique_key`` of ``enqueue()`` for this type: a string (at most one
+    active job of the type, when every enqueue uses it), or a callable that receives the
+    job's ``data`` (``{}`` when none) and returns the key or ``None`` for no key. The
+    callable runs at every enqueue without an explicit key; if it raises or returns
+    another type, the enqueue raises ``InvalidJobError`` (``field`` ``"unique_key"``). See
+    [Avoid duplicate jobs](../how-to/unique-jobs.md#give-a-job-type-a-default-key)."""
     schedule: str | None
-    #: At most this many jobs of the type claimed or running at once, cluster-wide.
+    """A cron expression (``"0 3 * * *"``; 6 fields with seconds last; or ``@hourly``,
+    ``@daily``, ...): workers enqueue this job type on every tick, once per tick, under a
+    schedule named after the job type, evaluated in Django's ``TIME_ZONE``. Whitespace is
+    normalised. See [Run jobs on a schedule](../how-to/periodic-jobs.md)."""
     concurrency: int | None
+    """At most this many jobs of this type claimed or running at once, across all
+    workers: an integer from 1 to 1,000,000, or ``None`` (the default) for no limit.
+    [`PGQUEUE["JOB_TYPE_LIMITS"]`](settings.md#limits) wins over it for the same job
+    type. Workers write it to ``pgqueue_limits`` when they start. See
+    [Limit how many jobs run at once](../how-to/concurrency-limits.md)."""
 
+
+__all__ = ["EnqueueOptions", "JobDefaults", "JobOptions", "JobSpec"]
 
 ENQUEUE_KEYS: frozenset[str] = EnqueueOptions.__optional_keys__
 SPEC_KEYS: frozenset[str] = JobSpec.__required_keys__ | JobSpec.__optional_keys__

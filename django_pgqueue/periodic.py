@@ -1,7 +1,7 @@
 """Periodic jobs: cron schedules declared in code, each tick enqueued exactly once.
 
 Schedules come from ``@job(schedule="...")`` (named after the job type) and from
-``PGQUEUE["SCHEDULE"]`` (named by their keys). Workers call :func:`enqueue_due_ticks`
+``PGQUEUE["SCHEDULE"]`` (named by their keys). Workers call ``enqueue_due_ticks()``
 from their heartbeat thread; so may ``manage.py pgqueue_schedule --run-due``.
 
 Exactly once: a tick is enqueued by the caller whose conditional ``UPDATE`` of the
@@ -40,11 +40,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("django_pgqueue.periodic")
 
+__all__ = ["enqueue_due_ticks", "schedules"]
+
 
 def schedules() -> list[Schedule]:
     """Every declared schedule, by name: ``@job(schedule=...)`` then ``PGQUEUE["SCHEDULE"]``.
 
-    Raises :class:`SettingsError` when a ``SCHEDULE`` key is also the job type of an
+    Raises ``SettingsError`` when a ``SCHEDULE`` key is also the job type of an
     ``@job(schedule=...)`` (both would share one ``pgqueue_periodic`` row).
     """
     found: dict[str, Schedule] = {}
@@ -108,6 +110,30 @@ def enqueue_due_ticks(*, now: datetime | None = None, using: str | None = None) 
     (say, its job type has no handler) is logged and retried on the next call, and does
     not stop the others. ``now`` (aware) defaults to this host's clock. Database errors
     propagate.
+
+    The schedules are those of ``@job(schedule=...)`` and
+    [`PGQUEUE["SCHEDULE"]`](settings.md#schedule). Workers call it from their heartbeat
+    thread, and [`pgqueue_schedule --run-due`](commands.md#pgqueue_schedule) once.
+
+    - Each tick is enqueued exactly once: the caller whose conditional ``UPDATE`` of the
+      schedule's ``pgqueue_periodic`` row moves ``last_tick`` forward inserts the job, in
+      the same transaction.
+    - A new schedule (or one whose expression or time zone changed) records its latest
+      tick without enqueuing; after missed ticks only the latest is enqueued (see
+      [downtime](../how-to/periodic-jobs.md#what-happens-after-downtime-and-on-deploys)).
+    - The job's ``run_at`` is the tick.
+    - A schedule whose job cannot be enqueued is logged at ``ERROR``. A tick whose
+      ``unique_key`` is held by an active job is skipped (logged at ``INFO``).
+
+    Args:
+        now: A timezone-aware ``datetime``. Default: the current time of this host.
+        using: Database alias. Default: ``PGQUEUE["DATABASE"]``.
+
+    Returns:
+        The jobs it inserted.
+
+    Raises:
+        InvalidJobError: When ``now`` is naive.
     """
     found = schedules()
     if not found:

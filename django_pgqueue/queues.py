@@ -2,7 +2,7 @@
 
 A paused queue keeps its jobs and accepts new ones, but no worker claims from it until
 it is resumed; jobs already claimed or running finish normally. The state lives in
-``pgqueue_queues`` (:class:`~django_pgqueue.models.QueueState`), which
+``pgqueue_queues`` (``QueueState``), which
 ``claim_job_batch`` reads on every claim, so pausing takes effect at every worker's next
 claim without restarting anything.
 """
@@ -21,11 +21,37 @@ from .models import LimitScope, _notify
 
 logger = logging.getLogger("django_pgqueue.queues")
 
+__all__ = [
+    "QueueInfo",
+    "describe_queues",
+    "known_queues",
+    "pause_queue",
+    "paused_queues",
+    "paused_since",
+    "queue_limits",
+    "resume_queue",
+]
+
 
 def pause_queue(name: str, *, using: str | None = None) -> bool:
     """Stop workers from claiming jobs of queue ``name``; True if it was not paused.
 
     The queue need not have jobs yet. Running jobs are not interrupted.
+
+    The queue stays paused until it is resumed: jobs already claimed or running finish,
+    and ``enqueue()`` keeps accepting jobs for it. Also ``django_pgqueue.pause_queue``.
+    See [Pause and resume queues](../how-to/pause-queues.md).
+
+    Args:
+        name: The queue.
+        using: Database alias. Default: ``PGQUEUE["DATABASE"]``.
+
+    Returns:
+        ``True`` if the queue was active, ``False`` if it was already paused (nothing
+            changes).
+
+    Raises:
+        InvalidArgumentError: For an invalid queue name (``field`` ``"queue"``).
     """
     validation.queue(name)
     alias = conf.jobs_database(using)
@@ -47,6 +73,10 @@ def resume_queue(name: str, *, using: str | None = None) -> bool:
 
     Idle workers serving the queue are woken by ``NOTIFY`` (when ``PGQUEUE["NOTIFY"]``
     is on) once the caller's transaction commits, so its due jobs start at once.
+
+    Also ``django_pgqueue.resume_queue``. Returns ``False`` when the queue was not
+    paused (nothing changes). Same ``using`` and errors as
+    [`pause_queue()`][django_pgqueue.queues.pause_queue].
     """
     validation.queue(name)
     alias = conf.jobs_database(using)
@@ -90,21 +120,24 @@ class QueueInfo:
     """A queue as ``pgqueue_queue list`` shows it."""
 
     name: str
+    """The queue's name."""
     paused_at: datetime | None
-    #: Pending jobs, due or delayed.
+    """When it was paused; ``None``: active."""
     pending: int
-    #: Claimed or running jobs.
+    """Pending jobs, due or delayed."""
     running: int
-    #: The queue's concurrency limit (None: unlimited).
+    """Claimed or running jobs."""
     limit: int | None
+    """The queue's concurrency limit (``None``: unlimited)."""
 
     @property
     def paused(self) -> bool:
+        """Whether the queue is paused."""
         return self.paused_at is not None
 
 
 def known_queues(using: str | None = None) -> list[str]:
-    """The names of the queues :func:`describe_queues` describes."""
+    """The names of the queues ``describe_queues()`` describes."""
     return [info.name for info in describe_queues(using)]
 
 

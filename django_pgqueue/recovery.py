@@ -14,6 +14,8 @@ from .schema import IN_FLIGHT, JobStatus, literal, status_in
 
 logger = logging.getLogger("django_pgqueue.recovery")
 
+__all__ = ["RecoveredJob", "recover_stale_jobs"]
+
 _RECOVER = "SELECT * FROM recover_stale_jobs(%s * interval '1 second')"
 
 _PREVIEW_STALE = f"""
@@ -30,11 +32,18 @@ SELECT id, job_type, worker_id,
 
 
 class RecoveredJob(NamedTuple):
+    """A job that ``recover_stale_jobs()`` released (or, with ``dry_run``, would)."""
+
     id: uuid.UUID
+    """The job's id."""
     job_type: str
+    """Its job type."""
     previous_worker_id: str | None
+    """The worker that held it."""
     new_status: str
+    """``"pending"``, or ``"failed"`` when its attempts are spent."""
     attempts: int
+    """Its attempts, after recovery."""
 
 
 def recover_stale_jobs(
@@ -46,6 +55,20 @@ def recover_stale_jobs(
 
     Safe to run from many processes at once: each stale job is recovered exactly once.
     With ``dry_run`` nothing changes and the jobs that would be recovered are returned.
+
+    Calls the SQL function [`recover_stale_jobs`](sql.md#recover_stale_jobs). Each
+    recovered job is logged at ``WARNING`` on the ``django_pgqueue.recovery`` logger.
+    Workers call this every ``PGQUEUE["RECOVER_INTERVAL"]`` seconds; the
+    [`pgqueue_recover`](commands.md#pgqueue_recover) command calls it once.
+
+    Args:
+        stale_after: Seconds without a heartbeat after which a job is stale. Default:
+            ``PGQUEUE["STALE_AFTER"]``.
+        dry_run: Change nothing; return the jobs that would be recovered now.
+        using: Database alias. Default: ``PGQUEUE["DATABASE"]``.
+
+    Raises:
+        ValueError: If ``stale_after`` is not a positive number.
     """
     settings = conf.get_settings()
     seconds = settings.STALE_AFTER if stale_after is None else stale_after

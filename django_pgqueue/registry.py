@@ -28,7 +28,25 @@ JobDecorator = Callable[[Handler], "JobDefinition"]
 
 
 class JobDefinition:
-    """A registered handler with its defaults. Calling it calls the handler."""
+    """A registered handler with its defaults. Calling it calls the handler.
+
+    What [`@job`][django_pgqueue.job] returns in place of the function. Calling it,
+    ``definition(job)``, calls the handler directly, in the current thread, without a
+    transaction: useful in tests.
+
+    Attributes:
+        func: The decorated function.
+        job_type: The registered name.
+        queue: The default given to ``@job``, or ``None``.
+        priority: The default given to ``@job``, or ``None``.
+        max_attempts: The default given to ``@job``, or ``None``.
+        timeout: The timeout in seconds (a ``float``), or ``None``.
+        retry_backoff: As given to ``@job``, or ``None``.
+        atomic: As given to ``@job``.
+        unique_key: As given to ``@job`` (a string or a callable), or ``None``.
+        schedule: As given to ``@job`` (normalised), or ``None``.
+        concurrency: As given to ``@job``, or ``None``.
+    """
 
     def __init__(
         self,
@@ -75,18 +93,27 @@ class JobDefinition:
         using: str | None = None,
         **options: Unpack[EnqueueOptions],
     ) -> Job:
-        """Enqueue a job of this type; see :func:`django_pgqueue.enqueue`."""
+        """Enqueue a job of this type; see ``enqueue()``.
+
+        [`enqueue()`][django_pgqueue.enqueue.enqueue] with this job type: the same
+        arguments but ``job_type``, the same result and errors.
+        """
         return enqueueing.enqueue(
             self.job_type, data, on_duplicate=on_duplicate, using=using, **options
         )
 
     def retry_delay(self, attempt: int) -> float:
-        """Seconds to wait before retrying after failed attempt ``attempt``."""
+        """Seconds to wait before retrying after failed attempt ``attempt``.
+
+        From ``retry_backoff``, else the default backoff of the ``PGQUEUE`` setting.
+        """
         backoff = self.retry_backoff or default_backoff()
         if isinstance(backoff, Backoff):
             return backoff.delay(attempt)
         return float(backoff(attempt))
 
+
+__all__ = ["JobDefinition", "job"]
 
 _registry: dict[str, JobDefinition] = {}
 _lock = threading.Lock()
@@ -228,18 +255,51 @@ def job(
 ) -> JobDefinition | JobDecorator:
     """Register a handler ``handler(job: Job)``; usable as ``@job`` or ``@job("name", ...)``.
 
-    ``job_type`` defaults to ``"<module>.<function name>"``. The options are those of
-    :class:`~django_pgqueue.options.JobOptions`: ``queue``, ``priority`` and
-    ``max_attempts`` become the defaults of ``enqueue`` for this type. ``timeout`` bounds
-    one run; ``retry_backoff`` is a :class:`Backoff` or ``callable(attempt) -> seconds``.
-    With ``atomic=True`` (the default) the handler runs inside ``transaction.atomic``, so
-    a failed attempt leaves none of its writes behind. ``concurrency=N`` lets at most N
-    jobs of this type be claimed or running at once across all workers
-    (``PGQUEUE["JOB_TYPE_LIMITS"]`` overrides it). ``unique_key`` is the default key
-    of ``enqueue`` for this type: a string, or ``callable(data) -> str | None``.
-    ``schedule`` (a cron expression) makes workers enqueue the job on every tick.
-    Another keyword is a ``TypeError``; an invalid value a :class:`JobRegistrationError`
-    or :class:`InvalidJobError` naming it.
+    A handler is a function that takes the [`Job`][django_pgqueue.Job] and returns a
+    JSON-serialisable value or ``None``.
+
+    ```python
+    from django_pgqueue import job
+
+    @job("orders.send_confirmation", queue="emails", max_attempts=5)
+    def send_confirmation(job):
+        ...
+    ```
+
+    Handlers are found through the registry, so the module that defines them must be
+    imported in every process that enqueues or runs them. django-pgqueue imports the
+    ``jobs`` module of every installed app when Django starts; define handlers there, or
+    import their module from there.
+
+    Args:
+        job_type: Positional only. The name stored in the database. Default:
+            ``"<module>.<function qualname>"``, e.g. ``"orders.jobs.send_confirmation"``.
+            Naming it explicitly lets you move or rename the function without breaking
+            queued jobs.
+        **options: The keys of [`JobOptions`][django_pgqueue.options.JobOptions]:
+            ``queue``, ``priority``, ``max_attempts`` (defaults of the type's enqueues),
+            ``timeout``, ``retry_backoff``, ``atomic`` (default ``True``),
+            ``unique_key``, ``schedule``, ``concurrency``. An undeclared keyword raises
+            ``TypeError``.
+
+    Returns:
+        A [`JobDefinition`][django_pgqueue.registry.JobDefinition] (or, called with
+            arguments, a decorator that returns one).
+
+    Raises:
+        InvalidJobError: At decoration time, for an invalid ``job_type``, ``queue``,
+            ``priority``, ``max_attempts``, ``timeout`` or ``schedule`` (the message says
+            what is wrong with the cron expression), or a string ``unique_key`` that is
+            not a valid key.
+        JobRegistrationError: At decoration time, when ``retry_backoff`` is neither a
+            ``Backoff`` nor a callable, when ``unique_key`` is neither a string nor a
+            callable, when ``concurrency`` is invalid, when the decorated object is not
+            callable or a worker could not run it (an ``async def`` or generator function,
+            or one that does not take the job as its one positional argument), or when
+            the job type is already registered to a different function
+            (registering the same function again, as a module reload does, is allowed),
+            or starts with ``task:``, the prefix reserved for
+            [Django Tasks](tasks-backend.md#jobs).
     """
     check_keys(options, JOB_KEYS, "@job()")
     queue = options.get("queue")

@@ -15,12 +15,25 @@ from django.db import models
 
 from . import conf
 
+__all__ = ["JobsRouter"]
+
 APP_LABEL = "django_pgqueue"
 
 
 class JobsRouter:
     """Reads, writes and migrations of django-pgqueue's models go to the jobs database;
-    other models are left to the next router (``None``)."""
+    other models are left to the next router (``None``).
+
+    A
+    [database router](https://docs.djangoproject.com/en/stable/topics/db/multi-db/#automatic-database-routing)
+    for ``DATABASE_ROUTERS`` when ``PGQUEUE["DATABASE"]`` is not ``"default"``. For the
+    models of the ``django_pgqueue`` app, ``db_for_read()`` and ``db_for_write()`` return
+    ``PGQUEUE["DATABASE"]``, ``allow_relation()`` allows relations between them and
+    ``allow_migrate()`` allows their migrations only on that database; for every other
+    model each returns ``None`` (the next router decides). See
+    [Keep the jobs in their own database](../how-to/jobs-database.md) and system check
+    [W005](system-checks.md#w005).
+    """
 
     def db_for_read(self, model: type[models.Model], **hints: Any) -> str | None:
         return conf.jobs_database() if model._meta.app_label == APP_LABEL else None

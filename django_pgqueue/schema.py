@@ -31,7 +31,22 @@ TASK_JOB_PREFIX = "task:"
 
 
 class JobStatus(models.TextChoices):
-    """The states of a job (the ``status`` column and its CHECK constraint)."""
+    """The states of a job (the ``status`` column and its CHECK constraint).
+
+    Also ``django_pgqueue.JobStatus``, a
+    [``TextChoices``](https://docs.djangoproject.com/en/stable/ref/models/fields/#enumeration-types)
+    enumeration. See [Design](../explanation/design.md#the-life-of-a-job) for the
+    transitions.
+
+    | Member | Value | Meaning |
+    |---|---|---|
+    | ``PENDING`` | ``"pending"`` | Waiting to be claimed, at or after ``run_at``. |
+    | ``CLAIMED`` | ``"claimed"`` | Taken by a worker, not started yet. |
+    | ``RUNNING`` | ``"running"`` | A handler is running it. |
+    | ``COMPLETED`` | ``"completed"`` | The handler returned. |
+    | ``FAILED`` | ``"failed"`` | No attempts left, or ``FailJob``. Stays until retried. |
+    | ``CANCELLED`` | ``"cancelled"`` | Cancelled before or while running. |
+    """
 
     PENDING = "pending", _("Pending")
     CLAIMED = "claimed", _("Claimed")

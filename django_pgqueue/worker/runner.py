@@ -77,6 +77,49 @@ class Worker:
     ``prefetch=0`` claims only into free slots. Each claim takes at most ``batch_size``
     jobs (default: ``concurrency + prefetch``, at most 1000). ``queues`` and
     ``job_types`` restrict what is claimed (``None``: any).
+
+    The worker runtime that [`pgqueue_worker`](commands.md#pgqueue_worker) runs. Use it
+    directly to embed a worker in your own process or tests:
+
+    ```python
+    from django_pgqueue.worker import Worker
+
+    Worker(queues=["emails"], burst=True).run()
+    ```
+
+    Args:
+        queues: Queues to take jobs from (a single string is accepted); ``None``: all.
+            An empty list is rejected.
+        job_types: Job types to run; ``None``: all. An empty list is rejected.
+        concurrency: Number of slot threads, 1 to 1000.
+        batch_size: Most jobs claimed per query, 1 to 1000 (default above).
+        prefetch: Most claimed jobs held beyond the running ones while jobs are fast, 0
+            to 10000. Default: ``PGQUEUE["PREFETCH"]`` (100). The worker holds at most
+            ``concurrency + prefetch`` jobs; see [``PREFETCH``](settings.md).
+        poll_interval: Seconds between claims when nothing wakes the worker; positive.
+            Default: ``PGQUEUE["POLL_INTERVAL"]``.
+        burst: When ``True``, ``run()`` returns as soon as no due job is left and nothing
+            is running.
+        worker_id: Identifier written to ``worker_id`` of claimed jobs, 1 to 255
+            characters. Default: ``"<hostname>:<pid>:<6 random hex digits>"``
+            ([`default_worker_id()`][django_pgqueue.worker.default_worker_id]). Must be
+            unique among live workers.
+        using: Database alias. Default: ``PGQUEUE["DATABASE"]``.
+        shutdown_grace: Seconds running jobs get to finish once the worker stops; 0 or
+            more. Default: ``PGQUEUE["SHUTDOWN_GRACE"]``.
+        listen: Whether to ``LISTEN`` for notifications. Default: ``PGQUEUE["NOTIFY"]``.
+
+    Raises:
+        InvalidWorkerOptionError: For an invalid option (an ``InvalidArgumentError``, so
+            also a ``ValueError``); its ``field`` names the option. Nothing was started.
+
+    Attributes:
+        stats: A
+            [``collections.Counter``](https://docs.python.org/3/library/collections.html#collections.Counter)
+            of the outcomes the worker has recorded, by the job's new status:
+            ``"completed"``, ``"pending"`` (a retry, or a job given back at shutdown),
+            ``"failed"`` and ``"cancelled"``. Outcomes that were not recorded because the
+            job had been recovered by another worker are not counted.
     """
 
     def __init__(
@@ -136,7 +179,11 @@ class Worker:
 
     @property
     def processed(self) -> int:
-        """How many outcomes this worker recorded (a retried job counts once per attempt)."""
+        """How many outcomes this worker recorded (a retried job counts once per attempt).
+
+        The sum of ``stats``: completions, failures, retries and cancellations all count,
+        so a job that failed twice and then completed counts three times.
+        """
         return sum(self.stats.values())
 
     def _configure(
@@ -180,12 +227,26 @@ class Worker:
     # -- public control -------------------------------------------------------------
 
     def stop(self) -> None:
-        """Stop claiming; running jobs finish within the grace period (thread-safe)."""
+        """Stop claiming; running jobs finish within the grace period (thread-safe).
+
+        ``run()`` returns once shutdown is complete.
+        """
         self._stopping.set()
         self._wake.set()
 
     def run(self) -> int:
-        """Run until stopped; return the process exit code (0 on a clean stop)."""
+        """Run until stopped; return the process exit code (0 on a clean stop).
+
+        When called in the main thread it installs handlers for ``SIGTERM`` and
+        ``SIGINT``: the first signal stops the worker gracefully, a second one hands the
+        held jobs back (one attempt of about a second) and ends the process at once with
+        status 128 + the signal number. See
+        [Shut workers down gracefully](../how-to/production.md#shut-workers-down-gracefully).
+        When ``run()`` returns, the handlers that were installed before it are restored.
+        Its last log line counts the outcomes it recorded, by new status, for example
+        ``worker <id> stopped: completed=12, failed=1, pending=2`` (``no job run`` when
+        there were none).
+        """
         logger.info(
             "worker %s starting: queues=%s job_types=%s concurrency=%d prefetch=%d batch_size=%d",
             self.worker_id,
