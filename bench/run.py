@@ -177,6 +177,7 @@ SYSTEMS = [
     ),
 ]
 PEER_EXTRA_LAYOUT = {"2x2": "2 processes x concurrency 2"}
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6")
 ALL_NAMES = [spec.name for spec in SYSTEMS] + ["pgbench"]
 
 
@@ -443,9 +444,13 @@ class Bench:
     """Runs the workloads, interleaving systems within each run so that a noisy moment
     of the machine falls on all of them alike."""
 
-    def __init__(self, results: Results, sizes: Sizes) -> None:
+    def __init__(
+        self, results: Results, sizes: Sizes, workloads: frozenset[str] = frozenset(WORKLOADS)
+    ) -> None:
         self.results = results
         self.sizes = sizes
+        #: The workloads to run (``--workloads``); W5 runs beside W3 only.
+        self.workloads = workloads
         self.systems: list[Prepared] = []
         self.pgbench: tuple[str, str] | None = None
         #: Jobs per run, by figure (system, workload, variant), once chosen.
@@ -569,7 +574,12 @@ class Bench:
                         lambda n, s=system, a=args: s.run(*a, "--jobs", str(n)),
                     )
                     paired = "W5" in self.sizes.every_layout or layout == layouts[0]
-                    if workload == "W3" and paired and (name, "W3", layout) in self.jobs:
+                    if (
+                        workload == "W3"
+                        and "W5" in self.workloads
+                        and paired
+                        and (name, "W3", layout) in self.jobs
+                    ):
                         self.throughput(
                             (name, "W5", layout),
                             run,
@@ -630,18 +640,22 @@ def prepare(bench: Bench, specs: Sequence[SystemSpec], admin_url: str, args: Any
             harness(python, spec.module, dsn, "setup", timeout=300, path=path)
             history = fresh_database(admin_url, f"{spec.name}_w5")
             harness(python, spec.module, history, "setup", timeout=300, path=path)
-            rows = str(bench.sizes.w5_rows)
-            filled = harness(
-                python,
-                spec.module,
-                history,
-                "fill-finished",
-                "--rows",
-                rows,
-                timeout=1800,
-                path=path,
-            )
-            log(f"{spec.label}: {bench.sizes.w5_rows:,} finished rows in {filled['seconds']:.1f}s")
+            if "W5" in bench.workloads:
+                rows = str(bench.sizes.w5_rows)
+                filled = harness(
+                    python,
+                    spec.module,
+                    history,
+                    "fill-finished",
+                    "--rows",
+                    rows,
+                    timeout=1800,
+                    path=path,
+                )
+                log(
+                    f"{spec.label}: {bench.sizes.w5_rows:,} finished rows "
+                    f"in {filled['seconds']:.1f}s"
+                )
         except (Unavailable, HarnessError) as exc:
             info.status = f"unavailable: {exc}"
             log(f"{spec.label}: {info.status}")
@@ -743,6 +757,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--keep-databases", action="store_true", help="leave the benchmark databases behind"
     )
     parser.add_argument(
+        "--workloads",
+        type=_workloads,
+        default=frozenset(WORKLOADS),
+        help=f"comma-separated, from {','.join(WORKLOADS)} (default: all; W5 needs W3)",
+    )
+    parser.add_argument(
         "--baseline",
         metavar="REV",
         default=None,
@@ -750,6 +770,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "each figure's ratio to it (bench/baseline.py)",
     )
     return parser.parse_args(argv)
+
+
+def _workloads(value: str) -> frozenset[str]:
+    chosen = frozenset(name.strip().upper() for name in value.split(",") if name.strip())
+    unknown = sorted(chosen - set(WORKLOADS))
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f"unknown workloads {unknown}; choose from {WORKLOADS}")
+    return chosen
 
 
 def baseline_spec(rev: str, venv_dir: Path) -> SystemSpec:
@@ -805,6 +833,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "mode": "smoke" if args.smoke else "quick" if args.quick else "full",
             "runs": sizes.runs,
             "sizes": sizes.describe(),
+            "workloads": ", ".join(sorted(args.workloads)),
             "machine": machine(),
             "commit": git_commit(),
             "server": "given by --database-url"
@@ -832,7 +861,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
         systems=infos,
     )
-    bench = Bench(results, sizes)
+    bench = Bench(results, sizes, args.workloads)
     log(f"benchmark: {results.meta['mode']} mode, systems {', '.join(names)}")
     with postgres(args.database_url, args.server_setting) as admin_url:
         results.meta["settings"] = server_settings(admin_url)
@@ -841,11 +870,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "pgbench" in names:
             prepare_pgbench(bench, admin_url)
         try:
-            bench.enqueue("W1", "enqueue-single", sizes.w1)
-            bench.enqueue("W2", "enqueue-bulk", sizes.w2)
-            bench.drain("W3", sizes.w3)
-            bench.latency()
-            bench.drain("W6", sizes.w6, kind="cpu_flaky")
+            if "W1" in bench.workloads:
+                bench.enqueue("W1", "enqueue-single", sizes.w1)
+            if "W2" in bench.workloads:
+                bench.enqueue("W2", "enqueue-bulk", sizes.w2)
+            if "W3" in bench.workloads:
+                bench.drain("W3", sizes.w3)
+            if "W4" in bench.workloads:
+                bench.latency()
+            if "W6" in bench.workloads:
+                bench.drain("W6", sizes.w6, kind="cpu_flaky")
         finally:
             if not args.keep_databases:
                 for system in bench.systems:

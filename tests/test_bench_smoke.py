@@ -127,3 +127,15 @@ def test_a_baseline_checkout_is_the_commits_tree_and_hides_the_working_tree(
     assert (source / "django_pgqueue" / "__init__.py").exists()
     assert sorted(p.name for p in path.iterdir()) == ["bench"]
     assert (path / "bench" / "run.py").exists()
+
+
+def test_workloads_can_be_chosen_and_unknown_ones_are_refused() -> None:
+    sys.path.insert(0, str(ROOT))
+    import pytest
+
+    from bench import run
+
+    assert run.parse_args(["--workloads", "w1, W3"]).workloads == {"W1", "W3"}
+    assert run.parse_args([]).workloads == set(run.WORKLOADS)
+    with pytest.raises(SystemExit):
+        run.parse_args(["--workloads", "W9"])
