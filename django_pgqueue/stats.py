@@ -266,9 +266,7 @@ class Snapshot:
         }
 
 
-def snapshot(
-    *, using: str | None = None, totals: bool = False, failed_total: bool = False
-) -> Snapshot:
+def snapshot(*, using: str | None = None, totals: bool = False) -> Snapshot:
     """Read the queues and workers now, in one transaction.
 
     A queue appears when it has pending, claimed or running jobs, jobs finished in the
@@ -276,9 +274,7 @@ def snapshot(
     name; with ``totals=True``, also when it has any finished job. ``totals=True`` also
     counts every finished job per status and those of the last hour: no index serves
     that, so it reads all finished rows; leave it off for frequent polling.
-    ``failed_total=True`` is the older name of ``totals=True``.
     """
-    totals = totals or failed_total
     alias = conf.jobs_database(using)
     params = {"window": WINDOW_SECONDS, "hour": HOUR_SECONDS}
     queues: dict[str, dict[str, Any]] = defaultdict(dict)

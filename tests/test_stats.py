@@ -60,7 +60,7 @@ def test_failed_total_counts_every_failed_job_only_when_asked(make_job):
     make_job(queue="reports")
 
     assert by_name(stats.snapshot())["emails"].failed is None
-    queues = by_name(stats.snapshot(failed_total=True))
+    queues = by_name(stats.snapshot(totals=True))
     assert queues["emails"].failed == 2
     assert queues["emails"].failed_last_minute == 1
     assert queues["reports"].failed == 0
