@@ -17,7 +17,7 @@ from django.db.models.signals import post_init, pre_init
 from django.utils.translation import gettext_lazy as _
 
 from . import conf, schema
-from .due import not_yet_due_q
+from .due import CLAIM_INDEX_FIELDS, not_yet_due_q
 from .exceptions import InvalidJobError, JobCancelled, PgQueueError
 from .indexes import GinIndex
 from .progress import write_progress
@@ -355,7 +355,7 @@ class Job(JobsDatabaseModel):
             # The claim walks this index in claim order and filters on the trailing
             # columns inside the index, so only due, matching rows are fetched and locked.
             models.Index(
-                fields=["-priority", "created_at", "run_at", "queue", "job_type"],
+                fields=[*CLAIM_INDEX_FIELDS, "queue", "job_type"],
                 name="idx_jobs_claimable",
                 condition=Q(status=JobStatus.PENDING.value),  # CLAIMABLE, its one state
             ),

@@ -57,16 +57,39 @@ def ids(jobs: list[Job]) -> set[Any]:
 # -- What is claimed, and in which order ------------------------------------------------
 
 
-def test_claims_highest_priority_first_then_oldest_first(make_job):
+def test_claims_highest_priority_first_then_oldest_first_among_jobs_due_together(make_job):
     start = db_now() - timedelta(hours=1)
-    backfill = make_job(priority=30, created_at=start)
-    user_newer = make_job(priority=150, created_at=start + timedelta(minutes=2))
-    system = make_job(priority=100, created_at=start)
-    user_older = make_job(priority=150, created_at=start + timedelta(minutes=1))
+    due = start + timedelta(minutes=5)
+    backfill = make_job(priority=30, created_at=start, run_at=due)
+    user_newer = make_job(priority=150, created_at=start + timedelta(minutes=2), run_at=due)
+    system = make_job(priority=100, created_at=start, run_at=due)
+    user_older = make_job(priority=150, created_at=start + timedelta(minutes=1), run_at=due)
 
     order = [claim(batch_size=1)[0].id for _ in range(4)]
 
     assert order == [user_older.id, user_newer.id, system.id, backfill.id]
+
+
+def test_among_equal_priorities_the_job_due_earliest_is_claimed_first(make_job):
+    nine = db_now() - timedelta(hours=2)
+    delayed_to_ten = make_job(created_at=nine, run_at=nine + timedelta(hours=1))
+    enqueued_at_half_past_nine = make_job(
+        created_at=nine + timedelta(minutes=30), run_at=nine + timedelta(minutes=30)
+    )
+
+    order = [claim(batch_size=1)[0].id for _ in range(2)]
+
+    assert order == [enqueued_at_half_past_nine.id, delayed_to_ten.id]
+
+
+def test_a_higher_priority_goes_first_however_late_it_was_due(make_job):
+    start = db_now() - timedelta(hours=2)
+    early = make_job(priority=100, run_at=start)
+    urgent_late = make_job(priority=150, run_at=start + timedelta(hours=1))
+
+    order = [claim(batch_size=1)[0].id for _ in range(2)]
+
+    assert order == [urgent_late.id, early.id]
 
 
 def test_batch_takes_the_first_jobs_in_claim_order(make_job):

@@ -179,6 +179,25 @@ def test_jobs_already_claimed_or_running_count_towards_the_limit(make_job):
     assert claim() == []
 
 
+@pytest.mark.django_db
+def test_under_a_limit_the_job_due_earliest_takes_the_room(make_job):
+    now = timezone.now()
+    due_later = make_job(
+        job_type="tests.record",
+        created_at=now - timedelta(hours=2),
+        run_at=now - timedelta(minutes=5),
+    )
+    due_first = make_job(
+        job_type="tests.record",
+        created_at=now - timedelta(hours=1),
+        run_at=now - timedelta(minutes=30),
+    )
+    limit("job_type", "tests.record", 1)
+
+    assert claim() == [due_first.id]
+    assert due_later.id not in claim()
+
+
 def claim_all() -> list[Any]:
     """Claim until a claim returns nothing (a claim may leave some room to the next)."""
     claimed: list[Any] = []

@@ -8,6 +8,7 @@ import re
 import pytest
 from django.db import connection
 
+from django_pgqueue.due import CLAIM_INDEX_FIELDS, CLAIM_ORDER
 from django_pgqueue.schema import (
     ACTIVE,
     CLAIMABLE,
@@ -100,3 +101,25 @@ def test_sql_text_is_built_from_the_enum():
     assert status_in(IN_FLIGHT, "jobs.status") == "jobs.status IN ('claimed', 'running')"
     assert literal(JobStatus.PENDING) == "'pending'"
     assert values(FINISHED) == ["completed", "failed", "cancelled"]
+
+
+# -- Claim order (django_pgqueue.due.CLAIM_ORDER) ------------------------------------------
+
+
+def test_the_claim_orders_every_walk_and_ranking_by_the_claim_order():
+    orders = re.findall(r"ORDER BY ([^)\n]*priority[^)\n]*)", function_source("claim_job_batch"))
+
+    assert orders
+    assert {re.sub(r"\b\w+\.", "", order).strip() for order in orders} == {CLAIM_ORDER}
+
+
+def test_the_claimable_index_leads_with_the_claim_order():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'idx_jobs_claimable'")
+        (definition,) = cursor.fetchone()
+    columns = definition.partition("(")[2].partition(")")[0]
+
+    assert columns.startswith(CLAIM_ORDER + ", ")
+    assert [name.lstrip("-") for name in CLAIM_INDEX_FIELDS] == [
+        column.split()[0] for column in CLAIM_ORDER.split(", ")
+    ]

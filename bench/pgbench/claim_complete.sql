@@ -6,7 +6,7 @@ WITH due AS (
     SELECT id
       FROM pgqueue_jobs
      WHERE status = 'pending' AND run_at <= now()
-     ORDER BY priority DESC, created_at ASC
+     ORDER BY priority DESC, run_at, created_at
      LIMIT :batch
        FOR UPDATE SKIP LOCKED
 ), claimed AS (

@@ -3,6 +3,7 @@ worker can only change jobs it still holds (recovery may have taken a job back).
 
 from __future__ import annotations
 
+from ..due import CLAIM_ORDER
 from ..schema import IN_FLIGHT, JobStatus, literal, status_in
 
 _COMPLETED = literal(JobStatus.COMPLETED)
@@ -13,7 +14,7 @@ _HELD = status_in(IN_FLIGHT, "jobs.status")
 # free slot starting each at once or, prefetched, as soon as one frees up; FINISH then
 # records when each handler actually started.
 # Sorted by the server, in the order the slots should start them.
-CLAIM = "SELECT * FROM claim_job_batch(%s, %s, %s, %s, true) ORDER BY priority DESC, created_at"
+CLAIM = f"SELECT * FROM claim_job_batch(%s, %s, %s, %s, true) ORDER BY {CLAIM_ORDER}"
 
 # One statement finishes a whole batch of outcomes: completions, retries, failures and
 # cancellations alike. A job retried goes back to pending with no worker; a finished
