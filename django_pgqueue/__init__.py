@@ -17,6 +17,7 @@ from .exceptions import (
     JobCancelled,
     PgQueueError,
     RetryJob,
+    Snooze,
 )
 from .options import JobSpec
 from .registry import job
@@ -37,6 +38,7 @@ __all__ = [
     "JobStatus",
     "PgQueueError",
     "RetryJob",
+    "Snooze",
     "enqueue",
     "enqueue_many",
     "exceptions",

@@ -14,7 +14,13 @@ from django.dispatch import receiver
 from . import validation
 from .cron import parse_schedule_setting
 from .exceptions import InvalidArgumentError, SettingsError
-from .schema import CONCURRENCY_LIMIT_MAX, MAX_ATTEMPTS_LIMIT, PRIORITY_MAX, PRIORITY_MIN
+from .schema import (
+    CONCURRENCY_LIMIT_MAX,
+    MAX_ATTEMPTS_LIMIT,
+    MAX_SNOOZES_LIMIT,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+)
 
 _CHANNEL_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
@@ -43,6 +49,8 @@ class PgQueueSettings:
     PREFETCH: int = 100
     RETRY_BACKOFF_BASE: float = 5.0
     RETRY_BACKOFF_MAX: float = 3600.0
+    #: Most times a job may snooze (``raise Snooze(...)``); once more fails it (0: never).
+    MAX_SNOOZES: int = 100
     #: Completed and cancelled jobs older than this are deleted by workers (None: kept).
     RETENTION: float | None = None
     #: Failed jobs older than this are deleted by workers (None: kept until handled).
@@ -148,6 +156,11 @@ def _validate(raw: dict[str, Any]) -> PgQueueSettings:
     if not 1 <= result.DEFAULT_MAX_ATTEMPTS <= MAX_ATTEMPTS_LIMIT:
         raise SettingsError(
             f"PGQUEUE['DEFAULT_MAX_ATTEMPTS'] must be between 1 and {MAX_ATTEMPTS_LIMIT}"
+        )
+    if not 0 <= result.MAX_SNOOZES <= MAX_SNOOZES_LIMIT:
+        raise SettingsError(
+            f"PGQUEUE['MAX_SNOOZES'] must be between 0 and {MAX_SNOOZES_LIMIT} (0: a job "
+            f"may not snooze), got {result.MAX_SNOOZES}"
         )
     if result.MAX_PAYLOAD_BYTES < 2:
         raise SettingsError("PGQUEUE['MAX_PAYLOAD_BYTES'] must be at least 2 (the size of {})")

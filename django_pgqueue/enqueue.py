@@ -34,7 +34,7 @@ from . import conf, registry, reused_cursor, signals, validation
 from .due import DUE
 from .exceptions import DuplicateJobError, InvalidJobError, PgQueueError
 from .options import ENQUEUE_KEYS, SPEC_KEYS, EnqueueOptions, JobSpec, check_keys
-from .schema import ACTIVE, status_in
+from .schema import ACTIVE, MAX_DELAY_SECONDS, status_in
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -320,11 +320,6 @@ def _prepare(
     if unique_key is None:
         return row
     return row._replace(unique_key=validation.unique_key(unique_key, f"{prefix}unique_key"))
-
-
-#: The longest ``delay`` accepted: a thousand years keeps every ``run_at`` a Python
-#: ``datetime`` can hold (before the year 10000).
-MAX_DELAY_SECONDS = 1000 * 365.25 * 86400
 
 
 def _delay(value: Any, field: str) -> float:

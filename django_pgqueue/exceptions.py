@@ -16,6 +16,7 @@ Exception
     ├── FailJob
     │   └── TaskReturnValueError (also a TypeError)
     ├── RetryJob
+    ├── Snooze
     ├── JobCancelled
     └── JobTimeout
 ```
@@ -25,6 +26,7 @@ The ones used most are also exported by ``django_pgqueue``.
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -45,6 +47,7 @@ __all__ = [
     "PgQueueError",
     "RetryJob",
     "SettingsError",
+    "Snooze",
     "TaskReturnValueError",
     "UndecodableJobError",
     "UnknownJobTypeError",
@@ -199,11 +202,49 @@ class RetryJob(PgQueueError):
     """
 
     def __init__(self, message: str = "", *, delay: float | timedelta = 0) -> None:
-        seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
-        if seconds < 0:
-            raise ValueError(f"RetryJob delay must not be negative, got {seconds!r} seconds")
-        self.delay_seconds = seconds
-        super().__init__(message or f"retry requested in {seconds:g}s")
+        self.delay_seconds = _delay_seconds("RetryJob", delay)
+        super().__init__(message or f"retry requested in {self.delay_seconds:g}s")
+
+
+class Snooze(PgQueueError):
+    """Raise from a handler to run the job again after ``delay``, without spending an
+    attempt: the job is not ready yet, nothing failed.
+
+    The job goes back to ``pending``, due after exactly ``delay``; its ``attempts`` stay
+    as they were before this run and its ``snoozes`` count goes up by one (shown in the
+    admin). ``last_error`` is left as it was. A job may snooze at most
+    ``PGQUEUE["MAX_SNOOZES"]`` times (100 by default): snoozing once more fails it, with
+    the reason as its error. Cancellation wins: a job asked to stop ends ``cancelled``.
+    See [Snooze a job](../how-to/snooze.md).
+
+    Args:
+        delay: Seconds or a ``timedelta``; at most 1,000 years (a longer one fails the
+            job with the reason as its error).
+
+    Raises:
+        ValueError: When ``delay`` is negative, not finite, or not a number of seconds
+            or a ``timedelta``.
+    """
+
+    def __init__(self, delay: float | timedelta) -> None:
+        self.delay_seconds = _delay_seconds("Snooze", delay)
+        super().__init__(f"snoozed for {self.delay_seconds:g}s")
+
+
+def _delay_seconds(what: str, delay: float | timedelta) -> float:
+    """``delay`` in seconds; ``ValueError`` unless it is a finite, non-negative number of
+    seconds or ``timedelta``."""
+    if isinstance(delay, timedelta):
+        seconds = delay.total_seconds()
+    elif isinstance(delay, int | float) and not isinstance(delay, bool):
+        seconds = float(delay)
+    else:
+        raise ValueError(
+            f"{what} delay must be a number of seconds or a timedelta, got {type(delay).__name__}"
+        )
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"{what} delay must be finite and not negative, got {delay!r}")
+    return seconds
 
 
 class JobCancelled(PgQueueError):

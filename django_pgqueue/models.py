@@ -87,10 +87,10 @@ class JobQuerySet(models.QuerySet["Job"]):
         but the newest of several selected jobs sharing a key: those are skipped (and
         logged), never an ``IntegrityError``. Returns the number of jobs retried.
 
-        The selected ``failed`` and ``cancelled`` jobs get ``attempts`` 0, ``progress`` 0,
-        ``worker_ids`` ``[]``, and ``worker_id``, ``claimed_at``, ``started_at``,
-        ``heartbeat_at``, ``completed_at`` and ``cancel_requested_at`` cleared. Other jobs
-        are not touched. Sends a ``NOTIFY`` for their queues (see above).
+        The selected ``failed`` and ``cancelled`` jobs get ``attempts`` 0, ``snoozes`` 0,
+        ``progress`` 0, ``worker_ids`` ``[]``, and ``worker_id``, ``claimed_at``,
+        ``started_at``, ``heartbeat_at``, ``completed_at`` and ``cancel_requested_at``
+        cleared. Other jobs are not touched. Sends a ``NOTIFY`` for their queues (see above).
 
         Skipped jobs (they stay ``failed`` or ``cancelled``) are not counted in the result
         and are logged at ``WARNING`` on ``django_pgqueue.models``: a retry never breaks
@@ -119,6 +119,7 @@ class JobQuerySet(models.QuerySet["Job"]):
                     changed = retryable.update(
                         status=JobStatus.PENDING,
                         attempts=0,
+                        snoozes=0,
                         run_at=Now(),
                         worker_id=None,
                         claimed_at=None,
@@ -294,6 +295,9 @@ class Job(JobsDatabaseModel):
         attempts (IntegerField): Attempts made so far, counted at claim time. Default 0.
         max_attempts (IntegerField): Attempts allowed before the job ends ``failed``.
             Default 3.
+        snoozes (IntegerField): How many times the handler
+            [snoozed](../how-to/snooze.md) the job (``raise Snooze(...)``); a snooze
+            spends no attempt. ``retry()`` resets it to 0. Default 0.
         last_error (TextField): ``"<ExceptionType>: <message>"`` of the last failure, why
             recovery took the job back, or a note that a return value could not be
             stored. Kept after a later success. Default ``""``.
@@ -334,6 +338,7 @@ class Job(JobsDatabaseModel):
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     attempts = models.IntegerField(db_default=0)
     max_attempts = models.IntegerField(db_default=3)
+    snoozes = models.IntegerField(db_default=0)
     last_error = models.TextField(blank=True, db_default="")
     last_traceback = models.TextField(blank=True, db_default="")
     #: The worker of every attempt, oldest first (``claim_job_batch`` appends to it).
@@ -577,6 +582,7 @@ _NEW_ROW_DEFAULTS: dict[str, Any] = {
     "completed_at": None,
     "cancel_requested_at": None,
     "attempts": 0,
+    "snoozes": 0,
     "last_error": "",
     "last_traceback": "",
     "unique_key": None,

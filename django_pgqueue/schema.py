@@ -23,6 +23,11 @@ UNIQUE_KEY_MAX_LENGTH = 255
 MAX_ATTEMPTS_LIMIT = 1000
 #: Largest concurrency limit accepted (``QUEUE_LIMITS``, ``JOB_TYPE_LIMITS``, ``@job``).
 CONCURRENCY_LIMIT_MAX = 1_000_000
+#: The longest delay accepted (``enqueue``, ``RetryJob``, ``Snooze``): a thousand years
+#: keeps every ``run_at`` a Python ``datetime`` can hold (before the year 10000).
+MAX_DELAY_SECONDS = 1000 * 365.25 * 86400
+#: Largest ``PGQUEUE["MAX_SNOOZES"]`` accepted.
+MAX_SNOOZES_LIMIT = 1_000_000
 #: Every this many events, ``set_progress`` trims a job's history to this many newest
 #: events, so a job keeps fewer than twice as many.
 EVENTS_KEPT = 100

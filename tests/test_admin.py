@@ -501,6 +501,14 @@ def test_job_page_shows_every_field_read_only(client, operator, make_job):
     assert "<textarea" not in form and "<select" not in form
 
 
+def test_job_page_shows_how_many_times_the_job_snoozed(client, operator, make_job):
+    job = make_job(status="pending", snoozes=7)
+
+    content = client.get(change_url(job)).content.decode()
+
+    assert re.search(r"<label>Snoozes:</label>\s*<div class=\"readonly\">7</div>", content)
+
+
 def test_job_page_shows_the_newest_progress_events_oldest_first(client, operator, make_job):
     job = make_job(status="running", worker_id="w", events_count=HISTORY_SHOWN + 5)
     JobEvent.objects.bulk_create(

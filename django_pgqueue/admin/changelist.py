@@ -133,6 +133,7 @@ class JobAdmin(JobCells, JobActions, LiveView, QueueOverview):
             {
                 "fields": (
                     "attempts_display",
+                    "snoozes",
                     "worker",
                     "worker_ids_display",
                     "last_error_pre",

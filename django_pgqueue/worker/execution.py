@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from django.db import OperationalError, connections, transaction
 
-from .. import registry, signals
+from .. import conf, registry, signals
 from ..backoff import default_backoff
 from ..exceptions import (
     AsyncHandlerError,
@@ -24,9 +24,10 @@ from ..exceptions import (
     JobCancelled,
     JobTimeout,
     RetryJob,
+    Snooze,
     UnknownJobTypeError,
 )
-from ..schema import JobStatus
+from ..schema import MAX_DELAY_SECONDS, JobStatus
 
 if TYPE_CHECKING:
     from ..models import Job
@@ -56,6 +57,8 @@ class Outcome:
     result: str | None = None
     #: ``time.time()`` when the handler started (None: it never started).
     started: float | None = None
+    #: 1 when the handler snoozed the job (``snoozes`` goes up by one), else 0.
+    snoozed: int = 0
 
 
 class CancelFlag:
@@ -128,9 +131,31 @@ def failure_outcome(running: RunningJob, exc: BaseException) -> Outcome:
         return Outcome(job.id, CANCELLED, error=error, traceback=tb)
     if isinstance(exc, FailJob):
         return Outcome(job.id, FAILED, error=error, traceback=tb)
+    if isinstance(exc, RetryJob | Snooze) and exc.delay_seconds > MAX_DELAY_SECONDS:
+        error = (
+            f"{error}: the delay is over the longest allowed, 1,000 years "
+            f"({MAX_DELAY_SECONDS:.0f} seconds)"
+        )
+        return Outcome(job.id, FAILED, error=error, traceback=tb)
+    if isinstance(exc, Snooze):
+        return snooze_outcome(running, exc, error, tb)
     if isinstance(exc, RetryJob):
         return retry_or_fail(running, error, tb, exc.delay_seconds)
     return retry_or_fail(running, error, tb, None)
+
+
+def snooze_outcome(running: RunningJob, exc: Snooze, error: str, tb: str) -> Outcome:
+    """``pending`` again after the snooze's delay with this attempt given back, or
+    ``failed`` when the job has already snoozed ``PGQUEUE["MAX_SNOOZES"]`` times."""
+    job = running.job
+    most = conf.get_settings().MAX_SNOOZES
+    if job.snoozes >= most:
+        error = (
+            f"{error}, but the job has already snoozed {job.snoozes} time(s), the most "
+            f"PGQUEUE['MAX_SNOOZES'] allows ({most})"
+        )
+        return Outcome(job.id, FAILED, error=error, traceback=tb)
+    return Outcome(job.id, PENDING, delay=exc.delay_seconds, refund=1, snoozed=1)
 
 
 def timeout_outcome(running: RunningJob) -> Outcome:
@@ -168,7 +193,7 @@ def _send(signal: Any, job: Job, **kwargs: Any) -> None:
 
 def _failed(running: RunningJob, exc: BaseException) -> Outcome:
     outcome = failure_outcome(running, exc)
-    if outcome.status in (PENDING, FAILED):
+    if outcome.status in (PENDING, FAILED) and not outcome.snoozed:
         _send(
             signals.job_failed,
             running.job,

@@ -29,14 +29,15 @@ UPDATE pgqueue_jobs AS jobs
                      THEN now() + o.delay * interval '1 second' ELSE jobs.run_at END,
        worker_id = CASE WHEN o.status = {_PENDING} THEN NULL ELSE jobs.worker_id END,
        attempts = jobs.attempts - o.refund,
+       snoozes = jobs.snoozes + o.snoozed,
        worker_ids = CASE WHEN o.refund > 0 THEN jobs.worker_ids - (-1) ELSE jobs.worker_ids END,
        last_error = COALESCE(o.error, jobs.last_error),
        last_traceback = COALESCE(o.traceback, jobs.last_traceback),
        result = o.result::jsonb,
        started_at = COALESCE(to_timestamp(o.started), jobs.started_at)
   FROM unnest(%b::uuid[], %b::text[], %b::float8[], %b::int[], %b::text[], %b::text[],
-              %b::text[], %b::float8[])
-       AS o(id, status, delay, refund, error, traceback, result, started)
+              %b::text[], %b::float8[], %b::int[])
+       AS o(id, status, delay, refund, error, traceback, result, started, snoozed)
  WHERE jobs.id = o.id
    AND jobs.worker_id = %s
    AND {_HELD}

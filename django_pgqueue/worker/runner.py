@@ -669,6 +669,7 @@ def _finish_params(outcomes: list[Outcome], worker_id: str) -> list[Any]:
         [o.traceback for o in outcomes],
         [o.result for o in outcomes],
         [o.started for o in outcomes],
+        [o.snoozed for o in outcomes],
         worker_id,
     ]
 
@@ -676,6 +677,14 @@ def _finish_params(outcomes: list[Outcome], worker_id: str) -> list[Any]:
 def _log_outcome(job: Job, outcome: Outcome) -> None:
     if outcome.status == COMPLETED:
         logger.debug("job %s (%s) completed", job.id, job.job_type)
+    elif outcome.snoozed:
+        logger.info(
+            "job %s (%s) snoozed for %.2fs (snooze %d)",
+            job.id,
+            job.job_type,
+            outcome.delay,
+            job.snoozes + 1,
+        )
     elif outcome.status == PENDING:
         logger.warning(
             "job %s (%s) attempt %d/%d failed, retrying in %.2fs: %s",

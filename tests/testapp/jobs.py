@@ -5,7 +5,7 @@ import time
 from asgiref.sync import sync_to_async
 from django.utils import timezone
 
-from django_pgqueue import Backoff, FailJob, RetryJob, job
+from django_pgqueue import Backoff, FailJob, RetryJob, Snooze, job
 
 from .models import Execution
 
@@ -79,6 +79,15 @@ def fail_now(job):
 def retry_later(job):
     if job.attempts < 2:
         raise RetryJob("not ready yet", delay=job.data.get("delay", 0.3))
+
+
+@job("tests.snooze", max_attempts=1)
+def snooze(job):
+    """Snooze ``data['times']`` times for ``data['delay']`` seconds, then record the
+    execution."""
+    if job.snoozes < job.data.get("times", 1):
+        raise Snooze(job.data.get("delay", 0))
+    _record_execution(job)
 
 
 @job("tests.progress")
