@@ -12,7 +12,7 @@ types through ``Unpack``; at run time a key that is not declared raises ``TypeEr
 
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
-from typing import Any, Required, TypedDict
+from typing import Any, Literal, Required, TypedDict
 
 from .backoff import Backoff
 
@@ -20,6 +20,10 @@ from .backoff import Backoff
 RetryBackoff = Backoff | Callable[[int], float]
 #: A default unique key: the key itself, or ``callable(data) -> key`` (``None``: no key).
 UniqueKey = str | Callable[[dict[str, Any]], str | None]
+
+
+#: What ``enqueue`` and ``enqueue_many`` do when an active job holds a unique key.
+OnDuplicate = Literal["return", "raise"]
 
 
 class JobDefaults(TypedDict, total=False):

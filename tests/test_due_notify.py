@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from django_pgqueue import enqueue, enqueue_many
 from django_pgqueue.due import DUE
-from django_pgqueue.enqueue import COPY_PART_ROWS
+from django_pgqueue.inserts import COPY_PART_ROWS
 from django_pgqueue.models import Job, JobStatus
 from tests.workers import wait_for, worker_thread
 
@@ -94,7 +94,7 @@ def notified(other_connection):
 @pytest.fixture(autouse=True)
 def _no_coalescing_carried_over(monkeypatch):
     # Earlier tests' notifications must not open a coalescing window for these queues.
-    monkeypatch.setattr(importlib.import_module("django_pgqueue.enqueue"), "_last_notified", {})
+    monkeypatch.setattr(importlib.import_module("django_pgqueue.inserts"), "_last_notified", {})
 
 
 @pytest.mark.parametrize("insert", INSERT_PATHS, ids=lambda f: f.__name__.lstrip("_"))
@@ -127,8 +127,8 @@ def test_a_job_not_yet_due_notifies_nothing(insert, when, notified):
 
 
 def test_a_batch_notifies_a_scheduled_due_queue_beside_a_coalesced_one(notified, monkeypatch):
-    enqueue_module = importlib.import_module("django_pgqueue.enqueue")
-    monkeypatch.setattr(enqueue_module, "NOTIFY_COALESCE_SECONDS", 3600)
+    inserts_module = importlib.import_module("django_pgqueue.inserts")
+    monkeypatch.setattr(inserts_module, "NOTIFY_COALESCE_SECONDS", 3600)
     enqueue("tests.noop", queue="coalesced")  # opens the window for this queue
     enqueue_many(
         [
@@ -136,7 +136,7 @@ def test_a_batch_notifies_a_scheduled_due_queue_beside_a_coalesced_one(notified,
             {"job_type": "tests.noop", "queue": QUEUE, "run_at": timezone.now()},
         ]
     )
-    enqueue_module._last_notified.clear()  # let the sentinel through
+    inserts_module._last_notified.clear()  # let the sentinel through
 
     assert set(notified()) == {"coalesced", QUEUE}
 

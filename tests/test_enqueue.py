@@ -14,8 +14,9 @@ import pytest
 from django.db import connection, transaction
 
 from django_pgqueue import InvalidJobError, PgQueueError, enqueue, enqueue_many, job
-from django_pgqueue.enqueue import COPY_PART_ROWS, MAX_DELAY_SECONDS
+from django_pgqueue.inserts import COPY_PART_ROWS
 from django_pgqueue.models import Job
+from django_pgqueue.schema import MAX_DELAY_SECONDS
 from django_pgqueue.validation import EARLIEST_TIME, LATEST_TIME, MAX_NESTING
 from tests.testapp.models import Order
 
@@ -641,16 +642,16 @@ def test_enqueue_many_rejects_malformed_specs(specs, field, message, assert_reje
 def test_autocommit_enqueues_in_quick_succession_share_one_notification(
     other_connection, monkeypatch
 ):
-    enqueue_module = importlib.import_module("django_pgqueue.enqueue")
+    inserts_module = importlib.import_module("django_pgqueue.inserts")
 
     # A window far longer than the test, so that timing on a busy machine cannot matter.
-    monkeypatch.setattr(enqueue_module, "NOTIFY_COALESCE_SECONDS", 3600)
-    monkeypatch.setattr(enqueue_module, "_last_notified", {})
+    monkeypatch.setattr(inserts_module, "NOTIFY_COALESCE_SECONDS", 3600)
+    monkeypatch.setattr(inserts_module, "_last_notified", {})
     other_connection.execute("LISTEN pgqueue_jobs")
     for _ in range(5):
         enqueue("tests.record")
     enqueue("tests.record", queue="other")  # another queue is notified on its own
-    enqueue_module._last_notified.clear()  # as if the window had passed
+    inserts_module._last_notified.clear()  # as if the window had passed
     enqueue("tests.record")
 
     payloads = [n.payload for n in other_connection.notifies(timeout=1, stop_after=10)]
@@ -660,9 +661,9 @@ def test_autocommit_enqueues_in_quick_succession_share_one_notification(
 
 @pytest.mark.django_db(transaction=True)
 def test_enqueues_inside_transactions_always_notify_on_commit(other_connection, monkeypatch):
-    enqueue_module = importlib.import_module("django_pgqueue.enqueue")
+    inserts_module = importlib.import_module("django_pgqueue.inserts")
 
-    monkeypatch.setattr(enqueue_module, "NOTIFY_COALESCE_SECONDS", 3600)
+    monkeypatch.setattr(inserts_module, "NOTIFY_COALESCE_SECONDS", 3600)
     other_connection.execute("LISTEN pgqueue_jobs")
     enqueue("tests.record")
     with transaction.atomic():
@@ -694,8 +695,8 @@ def test_the_returned_job_is_the_row_in_the_database(options):
 @pytest.mark.parametrize("options", [{}, {"delay": 30}])
 def test_the_returned_job_is_the_row_also_when_no_notify_is_sent(options, monkeypatch):
     # Autocommit enqueues within the NOTIFY window send none: their own, shorter statements.
-    enqueue_module = importlib.import_module("django_pgqueue.enqueue")
-    monkeypatch.setattr(enqueue_module, "NOTIFY_COALESCE_SECONDS", 3600)
+    inserts_module = importlib.import_module("django_pgqueue.inserts")
+    monkeypatch.setattr(inserts_module, "NOTIFY_COALESCE_SECONDS", 3600)
     enqueue("tests.noop")  # notifies, and opens the window
     job = enqueue("tests.noop", {"n": [1, 2]}, priority=7, max_attempts=2, **options)
 

@@ -383,10 +383,10 @@ def test_a_duplicate_in_the_same_transaction_returns_the_uncommitted_job():
 def test_a_duplicate_wakes_no_worker_and_does_not_delay_the_next_notification(
     other_connection, make_job, monkeypatch
 ):
-    enqueue_module = importlib.import_module("django_pgqueue.enqueue")
+    inserts_module = importlib.import_module("django_pgqueue.inserts")
     # A coalescing window far longer than the test: timing cannot matter.
-    monkeypatch.setattr(enqueue_module, "NOTIFY_COALESCE_SECONDS", 3600)
-    monkeypatch.setattr(enqueue_module, "_last_notified", {})
+    monkeypatch.setattr(inserts_module, "NOTIFY_COALESCE_SECONDS", 3600)
+    monkeypatch.setattr(inserts_module, "_last_notified", {})
     make_job(unique_key="held", queue="dup")
     other_connection.execute("LISTEN pgqueue_jobs")
 

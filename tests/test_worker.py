@@ -350,7 +350,7 @@ def test_worker_survives_its_connections_being_killed_and_loses_nothing():
 
 
 def test_jobs_whose_notify_was_coalesced_still_start_without_waiting_for_a_poll():
-    from django_pgqueue.enqueue import NOTIFY_COALESCE_SECONDS
+    from django_pgqueue.inserts import NOTIFY_COALESCE_SECONDS
 
     with worker_thread(concurrency=4, poll_interval=30) as worker:
         listener = wait_for(lambda: _listener(worker))

@@ -25,8 +25,8 @@ from typing import Any, cast
 import psycopg
 
 from .. import conf, registry, validation
-from ..enqueue import NOTIFY_COALESCE_SECONDS
 from ..exceptions import InvalidArgumentError, InvalidWorkerOptionError
+from ..inserts import NOTIFY_COALESCE_SECONDS
 from ..models import Job
 from ..sideconn import open_raw_connection
 from . import queries
