@@ -41,7 +41,8 @@ __all__ = ["enqueue", "enqueue_many"]
 
 def _check_on_duplicate(value: Any) -> None:
     if value not in get_args(OnDuplicate):
-        raise InvalidJobError("on_duplicate", f"must be 'return' or 'raise', got {value!r}")
+        allowed = ", ".join(map(repr, get_args(OnDuplicate)))
+        raise InvalidJobError("on_duplicate", f"must be one of {allowed}, got {value!r}")
 
 
 def enqueue(
@@ -76,8 +77,11 @@ def enqueue(
             NUL characters and lone surrogates.
         on_duplicate: What to do when an active job holds ``unique_key``: ``"return"``
             (the default) returns it, ``"raise"`` raises
-            [`DuplicateJobError`][django_pgqueue.DuplicateJobError]. Nothing is inserted
-            either way.
+            [`DuplicateJobError`][django_pgqueue.DuplicateJobError], ``"replace"``
+            gives a ``pending`` holder this call's ``data`` and run time (``run_at`` or
+            ``delay``, else now) and returns it; a ``claimed`` or ``running`` holder is
+            returned as it is. Nothing is inserted either way. See
+            [Debounce](../how-to/unique-jobs.md#replace-a-pending-job-debounce).
         using: Database alias to write to. Default: ``PGQUEUE["DATABASE"]``.
         **options: The keys of
             [`EnqueueOptions`][django_pgqueue.options.EnqueueOptions]: ``queue``,
@@ -87,7 +91,7 @@ def enqueue(
     Returns:
         The new [`Job`][django_pgqueue.Job], as inserted (status ``pending``, defaults
             filled in), or the active job that holds ``unique_key``, as it is in the
-            database.
+            database (replaced, with ``"replace"``).
 
     Raises:
         InvalidJobError: Before writing anything, when an argument is invalid; its
@@ -201,9 +205,11 @@ def enqueue_many(
     first spec with a key inserts a job when the key is free, and every later spec with
     the same key gets that job (the same ``Job`` object). With ``on_duplicate="raise"``,
     two specs with one key raise ``InvalidJobError`` (``field`` ``specs[<i>].unique_key``)
-    before anything is written. A batch with keys inserts its rows in key order, so
-    concurrent batches sharing keys cannot deadlock on each other; ``created_at`` still
-    follows the order of ``specs``.
+    before anything is written. With ``on_duplicate="replace"`` the **last** spec of each
+    key is the one sent: it inserts the job, or replaces the payload and run time of a
+    ``pending`` holder, and every spec with the key gets that job. A batch with keys
+    inserts its rows in key order, so concurrent batches sharing keys cannot deadlock on
+    each other; ``created_at`` still follows the order of ``specs``.
     """
     _check_on_duplicate(on_duplicate)
     prepared = prepared_rows(specs)

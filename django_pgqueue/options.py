@@ -22,8 +22,9 @@ RetryBackoff = Backoff | Callable[[int], float]
 UniqueKey = str | Callable[[dict[str, Any]], str | None]
 
 
-#: What ``enqueue`` and ``enqueue_many`` do when an active job holds a unique key.
-OnDuplicate = Literal["return", "raise"]
+#: What ``enqueue`` and ``enqueue_many`` do when an active job holds a unique key:
+#: return it, raise ``DuplicateJobError``, or replace a pending one's payload and run time.
+OnDuplicate = Literal["return", "raise", "replace"]
 
 
 class JobDefaults(TypedDict, total=False):

@@ -6,7 +6,7 @@ import functools
 import inspect
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal, Unpack, overload
+from typing import TYPE_CHECKING, Any, Unpack, overload
 
 from asgiref.sync import iscoroutinefunction
 
@@ -18,7 +18,15 @@ from . import conf, validation
 from .backoff import Backoff, default_backoff
 from .cron import validate_cron
 from .exceptions import JobRegistrationError, SettingsError, UnknownJobTypeError
-from .options import JOB_KEYS, EnqueueOptions, JobOptions, RetryBackoff, UniqueKey, check_keys
+from .options import (
+    JOB_KEYS,
+    EnqueueOptions,
+    JobOptions,
+    OnDuplicate,
+    RetryBackoff,
+    UniqueKey,
+    check_keys,
+)
 
 if TYPE_CHECKING:
     from .models import Job
@@ -89,7 +97,7 @@ class JobDefinition:
         self,
         data: dict[str, Any] | None = None,
         *,
-        on_duplicate: Literal["return", "raise"] = "return",
+        on_duplicate: OnDuplicate = "return",
         using: str | None = None,
         **options: Unpack[EnqueueOptions],
     ) -> Job:

@@ -29,7 +29,7 @@ from .inserts import (
 )
 from .jobrows import JobRow
 from .options import OnDuplicate
-from .schema import ACTIVE, status_in
+from .schema import ACTIVE, CLAIMABLE, JobStatus, status_in
 
 if TYPE_CHECKING:
     from .models import Job
@@ -87,6 +87,22 @@ SELECT existing.* FROM existing
        SELECT inserted.unique_key FROM inserted WHERE inserted.unique_key IS NOT NULL)
 """
 
+# on_duplicate="replace": pending holders take the payload and run time of the rows that
+# found them. A holder claimed or finished since it was found is left alone, and the
+# caller looks again. Named "inserted" for the NOTIFY the inserts share.
+_REPLACE = f"""
+WITH inserted AS (
+    UPDATE pgqueue_jobs AS jobs
+       SET data = r.data::jsonb,
+           run_at = COALESCE(r.run_at, now() + r.delay * interval '1 second')
+      FROM unnest(%s::uuid[], %s::text[], %s::timestamptz[], %s::float8[])
+           AS r(id, data, run_at, delay)
+     WHERE jobs.id = r.id AND jobs.{status_in(CLAIMABLE)}
+    RETURNING jobs.*
+){{notify}}
+SELECT inserted.* FROM inserted{{notify_join}}
+"""
+
 #: A unique enqueue runs its statement again at most this many times when the holder of
 #: a key keeps changing under it (each run follows a commit by another session).
 UNIQUE_ROUNDS = 50
@@ -116,27 +132,17 @@ def enqueue_unique(row: JobRow, on_duplicate: OnDuplicate, alias: str) -> Job:
         logger.debug("unique_key %r is held by job %s: not enqueued", row.unique_key, job.id)
         if on_duplicate == "raise":
             raise DuplicateJobError(row.unique_key, job)
+        if on_duplicate == "replace" and job.status == JobStatus.PENDING:
+            replaced = _replace({row.unique_key: job}, [row], alias)
+            if not replaced:
+                continue  # claimed or finished since it was found: look again
+            return replaced[row.unique_key]
         return job
     raise _unresolved(row.unique_key)
 
 
 def enqueue_many_unique(rows: list[JobRow], on_duplicate: OnDuplicate, alias: str) -> list[Job]:
-    # Only the first spec of each key is sent; later ones get its job.
-    first: dict[str, int] = {}
-    candidates: list[JobRow] = []
-    for index, row in enumerate(rows):
-        if row.unique_key is not None:
-            if row.unique_key in first:
-                if on_duplicate == "raise":
-                    raise InvalidJobError(
-                        f"specs[{index}].unique_key",
-                        f"{row.unique_key!r} is also the key of specs[{first[row.unique_key]}]; "
-                        "give each spec its own key, or pass on_duplicate='return' to "
-                        "enqueue the first one only",
-                    )
-                continue
-            first[row.unique_key] = index
-        candidates.append(row)
+    candidates = _one_per_key(rows, on_duplicate)
     if on_duplicate == "raise":
         # A savepoint: raising rolls back the jobs this call inserted (and their NOTIFY).
         with transaction.atomic(using=alias):
@@ -145,12 +151,81 @@ def enqueue_many_unique(rows: list[JobRow], on_duplicate: OnDuplicate, alias: st
             if duplicate is not None:
                 assert duplicate.unique_key is not None
                 raise DuplicateJobError(duplicate.unique_key, holders[duplicate.unique_key])
+    elif on_duplicate == "replace":
+        inserted, holders = _insert_or_replace(candidates, alias)
     else:
         inserted, holders = _insert_unique(candidates, alias)
     by_key = {**holders, **{job.unique_key: job for job in inserted.values() if job.unique_key}}
     jobs = [inserted.get(row.id) or by_key[row.unique_key or ""] for row in rows]
     send_enqueued([inserted[row.id] for row in candidates if row.id in inserted])
     return jobs
+
+
+def _one_per_key(rows: list[JobRow], on_duplicate: OnDuplicate) -> list[JobRow]:
+    """The rows to send: every row without a key, and one row per key, the first (the
+    later ones get its job) or, to replace, the last (its payload and time win)."""
+    chosen: dict[str, int] = {}
+    for index, row in enumerate(rows):
+        if row.unique_key is None:
+            continue
+        if row.unique_key in chosen and on_duplicate == "raise":
+            raise InvalidJobError(
+                f"specs[{index}].unique_key",
+                f"{row.unique_key!r} is also the key of specs[{chosen[row.unique_key]}]; "
+                "give each spec its own key, or pass on_duplicate='return' to "
+                "enqueue the first one only",
+            )
+        if row.unique_key not in chosen or on_duplicate == "replace":
+            chosen[row.unique_key] = index
+    sent = set(chosen.values())
+    return [row for index, row in enumerate(rows) if row.unique_key is None or index in sent]
+
+
+def _insert_or_replace(
+    rows: list[JobRow], alias: str
+) -> tuple[dict[uuid.UUID, Job], dict[str, Job]]:
+    """``_insert_unique``, then the pending holders replaced with their rows; a holder
+    claimed or finished in between is looked for again."""
+    inserted: dict[uuid.UUID, Job] = {}
+    holders: dict[str, Job] = {}
+    todo = rows
+    for _ in range(UNIQUE_ROUNDS):
+        new, found = _insert_unique(todo, alias)
+        inserted.update(new)
+        pending = {key: job for key, job in found.items() if job.status == JobStatus.PENDING}
+        replaced = _replace(pending, todo, alias) if pending else {}
+        holders.update({key: job for key, job in found.items() if key not in pending})
+        holders.update(replaced)
+        todo = [row for row in todo if row.unique_key in pending.keys() - replaced.keys()]
+        if not todo:
+            return inserted, holders
+    raise _unresolved(str(todo[0].unique_key))
+
+
+def _replace(holders: dict[str, Job], rows: list[JobRow], alias: str) -> dict[str, Job]:
+    """Give each pending holder (by key) the payload and run time of the row with its
+    key; return the jobs replaced, by key (a holder no longer pending is left out)."""
+    # Each row in its holder's queue: the queue the NOTIFY wakes.
+    chosen = [
+        row._replace(queue=holders[row.unique_key].queue)
+        for row in rows
+        if row.unique_key is not None and row.unique_key in holders
+    ]
+    params: list[Any] = [
+        [holders[str(row.unique_key)].id for row in chosen],
+        [row.data for row in chosen],
+        [row.run_at for row in chosen],
+        [row.delay for row in chosen],
+    ]
+    db = connections[alias]
+    notify = wants_notify(db, undelayed_queues(chosen), scheduled=has_run_at(chosen), record=False)
+    replaced = returning_jobs(with_notify(_REPLACE, params, notify), params, alias)
+    if notify:
+        done = {job.unique_key for job in replaced}
+        record_notified(db, undelayed_queues(row for row in chosen if row.unique_key in done))
+    for job in replaced:
+        logger.debug("unique_key %r: pending job %s replaced", job.unique_key, job.id)
+    return {str(job.unique_key): job for job in replaced}
 
 
 def _insert_unique(rows: list[JobRow], alias: str) -> tuple[dict[uuid.UUID, Job], dict[str, Job]]:

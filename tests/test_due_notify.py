@@ -58,6 +58,20 @@ def _enqueue_many_unique(**options: Any) -> None:
     )
 
 
+def _enqueue_replacing(**options: Any) -> None:
+    # A holder not yet due (no NOTIFY), then its replacement with the options.
+    enqueue("tests.noop", queue=QUEUE, unique_key="debounced", delay=3600)
+    enqueue("tests.noop", unique_key="debounced", on_duplicate="replace", **options)
+
+
+def _enqueue_many_replacing(**options: Any) -> None:
+    enqueue("tests.noop", queue=QUEUE, unique_key="debounced", delay=3600)
+    enqueue_many(
+        [{"job_type": "tests.noop", "unique_key": "debounced", **options}],
+        on_duplicate="replace",
+    )
+
+
 def _enqueue_many_in_transaction(**options: Any) -> None:
     with transaction.atomic():
         enqueue_many([{"job_type": "tests.noop", "queue": QUEUE, **options}])
@@ -71,6 +85,8 @@ INSERT_PATHS: list[Callable[..., None]] = [
     _enqueue_many_streamed,
     _enqueue_many_unique,
     _enqueue_many_in_transaction,
+    _enqueue_replacing,
+    _enqueue_many_replacing,
 ]
 
 

@@ -339,7 +339,9 @@ def test_longest_key_and_any_text_are_accepted():
 @pytest.mark.parametrize("value", ["ignore", None, True])
 def test_invalid_on_duplicate_is_rejected(value, django_assert_num_queries):
     with django_assert_num_queries(0):
-        with pytest.raises(InvalidJobError, match="must be 'return' or 'raise'") as single:
+        with pytest.raises(
+            InvalidJobError, match="must be one of 'return', 'raise', 'replace', got"
+        ) as single:
             enqueue("tests.noop", unique_key="k", on_duplicate=value)
         with pytest.raises(InvalidJobError) as batch:
             enqueue_many([{"job_type": "tests.noop"}], on_duplicate=value)
