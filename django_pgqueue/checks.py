@@ -179,6 +179,38 @@ def check_job_type_limits(app_configs: Any = None, **kwargs: Any) -> list[CheckM
 
 
 @register(Tags.compatibility)
+def check_unique_windows(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """No ``@job(unique_for=...)`` outlives the retention of finished jobs: a pruned job
+    no longer holds its key, so the window would end early."""
+    from . import conf, registry
+
+    try:
+        settings_ = conf.get_settings()
+    except SettingsError:
+        return []  # reported by check_settings
+    warnings: list[CheckMessage] = []
+    for job_type in registry.registered_job_types():
+        definition = registry.find_definition(job_type)
+        window = None if definition is None else definition.unique_for
+        if window is None:
+            continue
+        for name in ("RETENTION", "FAILED_RETENTION"):
+            retention = getattr(settings_, name)
+            if retention is not None and retention < window:
+                warnings.append(
+                    Warning(
+                        f"job type {job_type!r} has unique_for={window:g}s, longer than "
+                        f"PGQUEUE[{name!r}] ({retention:g}s): its finished jobs are "
+                        "pruned before their window ends, and free their key early",
+                        hint=f"Make PGQUEUE[{name!r}] at least as long as the window, or "
+                        "shorten unique_for.",
+                        id="django_pgqueue.W302",
+                    )
+                )
+    return warnings
+
+
+@register(Tags.compatibility)
 def check_handlers(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Every registered handler is one a worker can run (not async, not a generator, and
     taking the job), also when it was swapped after ``@job`` checked it."""

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .models import Job
@@ -92,26 +92,41 @@ class InvalidWorkerOptionError(InvalidArgumentError):
 
 
 class DuplicateJobError(PgQueueError):
-    """``enqueue(..., unique_key=..., on_duplicate="raise")`` found an active job with
-    that key (pending, claimed or running); nothing was inserted.
+    """``enqueue(..., unique_key=..., on_duplicate="raise")`` found a job holding that
+    key: an active one (pending, claimed or running), or, with ``unique_for``, one
+    enqueued within that window; nothing was inserted.
 
     ``unique_key`` is the key, ``job_id`` the existing job's id and ``job`` the existing
-    ``Job`` as read at that moment.
+    ``Job`` as read at that moment; ``window`` is the ``unique_for`` in seconds when the
+    holder is a finished job within it, else ``None``.
 
     Also raised by ``enqueue_many(..., on_duplicate="raise")``.
     """
 
-    def __init__(self, unique_key: str, job: Job) -> None:
+    def __init__(self, unique_key: str, job: Job, *, window: float | None = None) -> None:
         self.unique_key = unique_key
         self.job = job
         self.job_id = job.id
+        self.window = window
+        if window is None:
+            held = f"is held by active job {job.id} ({job.status}); wait for it to finish"
+        else:
+            held = (
+                f"is held by job {job.id} ({job.status}), enqueued within unique_for "
+                f"({window:g}s); wait for the window to pass"
+            )
         super().__init__(
-            f"unique_key {unique_key!r} is held by active job {job.id} ({job.status}); "
-            "wait for it to finish, or pass on_duplicate='return' to get that job instead"
+            f"unique_key {unique_key!r} {held}, or pass on_duplicate='return' to get that "
+            "job instead"
         )
 
-    def __reduce__(self) -> tuple[type[DuplicateJobError], tuple[str, Job]]:
-        return (type(self), (self.unique_key, self.job))
+    def __reduce__(self) -> Any:
+        return (_rebuild_duplicate, (self.unique_key, self.job, self.window))
+
+
+def _rebuild_duplicate(unique_key: str, job: Job, window: float | None) -> DuplicateJobError:
+    """Unpickle a ``DuplicateJobError`` (its ``window`` is keyword-only)."""
+    return DuplicateJobError(unique_key, job, window=window)
 
 
 class JobRegistrationError(PgQueueError):

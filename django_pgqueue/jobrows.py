@@ -17,7 +17,6 @@ from typing import Any, NamedTuple
 from . import conf, registry, validation
 from .exceptions import InvalidJobError
 from .options import SPEC_KEYS, JobSpec
-from .schema import MAX_DELAY_SECONDS
 
 
 def _new_job_id() -> uuid.UUID:
@@ -48,8 +47,10 @@ class JobRow(NamedTuple):
     run_at: datetime | None
     delay: float
     max_attempts: int
-    # Last, so that the plain inserts take the fields before it.
+    # Last, so that the plain inserts take the fields before them.
     unique_key: str | None
+    #: Seconds: a job with the key enqueued this recently holds it, finished or not.
+    unique_for: float | None = None
 
     @property
     def undelayed(self) -> bool:
@@ -61,8 +62,8 @@ class JobRow(NamedTuple):
         return self.run_at is None and not self.delay
 
 
-# The fields the plain inserts (INSERT_ONE, _INSERT_MANY) take.
-PLAIN_FIELDS = len(JobRow._fields) - 1
+# The fields the plain inserts (INSERT_ONE, COPY) take: all but the unique ones.
+PLAIN_FIELDS = len(JobRow._fields) - 2
 
 
 class _Resolved(NamedTuple):
@@ -164,25 +165,28 @@ def prepare(
         resolved.priority,
         validation.payload(data, f"{prefix}data", max_bytes=conf.get_settings().MAX_PAYLOAD_BYTES),
         None if run_at is None else validation.aware_datetime(run_at, f"{prefix}run_at"),
-        0.0 if delay is None else _delay(delay, f"{prefix}delay"),
+        0.0 if delay is None else validation.delay(delay, f"{prefix}delay"),
         resolved.max_attempts,
         None,
     )
     definition = resolved.definition
     if unique_key is None and definition is not None and definition.unique_key is not None:
         unique_key = _default_key(definition, data, f"{prefix}unique_key")
+    unique_for = get("unique_for")
     if unique_key is None:
+        if unique_for is not None:
+            raise InvalidJobError(
+                f"{prefix}unique_for",
+                "needs a unique_key: give one, or a default with @job(unique_key=...)",
+            )
         return row
-    return row._replace(unique_key=validation.unique_key(unique_key, f"{prefix}unique_key"))
-
-
-def _delay(value: Any, field: str) -> float:
-    seconds = validation.seconds(value, field)
-    if seconds > MAX_DELAY_SECONDS:
-        raise InvalidJobError(
-            field, f"must be at most 1,000 years ({MAX_DELAY_SECONDS:.0f} seconds), got {value!r}"
-        )
-    return seconds
+    if unique_for is not None:
+        unique_for = validation.unique_window(unique_for, f"{prefix}unique_for")
+    elif definition is not None:
+        unique_for = definition.unique_for
+    return row._replace(
+        unique_key=validation.unique_key(unique_key, f"{prefix}unique_key"), unique_for=unique_for
+    )
 
 
 def _default_key(definition: registry.JobDefinition, data: Any, field: str) -> Any:

@@ -379,6 +379,12 @@ class Job(JobsDatabaseModel):
             # The admin lists newest first (then by id, for a stable order): without it
             # every page of the changelist sorts the whole table.
             models.Index(fields=["created_at", "id"], name="idx_jobs_created"),
+            # unique_for: the jobs with a key enqueued within a window, in any state.
+            models.Index(
+                fields=["unique_key", "created_at"],
+                name="idx_jobs_unique_recent",
+                condition=Q(unique_key__isnull=False),
+            ),
         ]
         constraints = [
             models.CheckConstraint(

@@ -66,6 +66,12 @@ class EnqueueOptions(JobDefaults, total=False):
     characters or lone surrogates. Keys are global across job types and queues. Default:
     the job type's ``unique_key`` (a string, or what its callable returns for ``data``),
     else no key. See [Avoid duplicate jobs](../how-to/unique-jobs.md)."""
+    unique_for: float | timedelta | None
+    """A window, in seconds or as a ``timedelta`` (positive, at most 1,000 years): a job
+    with the same ``unique_key`` enqueued this recently also holds the key once it has
+    finished, unless it was cancelled. Needs a ``unique_key``. Default: the job type's
+    ``unique_for``, else none (only active jobs hold the key). See
+    [Unique over a window](../how-to/unique-jobs.md#unique-over-a-window)."""
 
 
 class JobSpec(EnqueueOptions, total=False):
@@ -110,6 +116,9 @@ class JobOptions(JobDefaults, total=False):
     callable runs at every enqueue without an explicit key; if it raises or returns
     another type, the enqueue raises ``InvalidJobError`` (``field`` ``"unique_key"``). See
     [Avoid duplicate jobs](../how-to/unique-jobs.md#give-a-job-type-a-default-key)."""
+    unique_for: float | timedelta | None
+    """The default ``unique_for`` of ``enqueue()`` for this type, for its enqueues that
+    have a unique key (given, or the type's ``unique_key``)."""
     schedule: str | None
     """A cron expression (``"0 3 * * *"``; 6 fields with seconds last; or ``@hourly``,
     ``@daily``, ...): workers enqueue this job type on every tick, once per tick, under a

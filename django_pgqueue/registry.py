@@ -52,6 +52,7 @@ class JobDefinition:
         retry_backoff: As given to ``@job``, or ``None``.
         atomic: As given to ``@job``.
         unique_key: As given to ``@job`` (a string or a callable), or ``None``.
+        unique_for: The window in seconds (a ``float``), or ``None``.
         schedule: As given to ``@job`` (normalised), or ``None``.
         concurrency: As given to ``@job``, or ``None``.
     """
@@ -68,6 +69,7 @@ class JobDefinition:
         retry_backoff: RetryBackoff | None,
         atomic: bool,
         unique_key: UniqueKey | None = None,
+        unique_for: float | None = None,
         schedule: str | None = None,
         concurrency: int | None = None,
     ) -> None:
@@ -81,6 +83,8 @@ class JobDefinition:
         self.atomic = atomic
         #: Default ``unique_key`` of ``enqueue`` for this type (a string or a callable).
         self.unique_key = unique_key
+        #: Default ``unique_for`` of ``enqueue`` for this type, in seconds.
+        self.unique_for = unique_for
         #: Cron expression: workers enqueue this job on each tick (periodic jobs).
         self.schedule = schedule
         #: At most this many jobs of this type claimed or running at once, cluster-wide.
@@ -287,7 +291,8 @@ def job(
         **options: The keys of [`JobOptions`][django_pgqueue.options.JobOptions]:
             ``queue``, ``priority``, ``max_attempts`` (defaults of the type's enqueues),
             ``timeout``, ``retry_backoff``, ``atomic`` (default ``True``),
-            ``unique_key``, ``schedule``, ``concurrency``. An undeclared keyword raises
+            ``unique_key``, ``unique_for``, ``schedule``, ``concurrency``. An undeclared
+            keyword raises
             ``TypeError``.
 
     Returns:
@@ -296,9 +301,9 @@ def job(
 
     Raises:
         InvalidJobError: At decoration time, for an invalid ``job_type``, ``queue``,
-            ``priority``, ``max_attempts``, ``timeout`` or ``schedule`` (the message says
-            what is wrong with the cron expression), or a string ``unique_key`` that is
-            not a valid key.
+            ``priority``, ``max_attempts``, ``timeout``, ``unique_for`` or ``schedule``
+            (the message says what is wrong with the cron expression), or a string
+            ``unique_key`` that is not a valid key.
         JobRegistrationError: At decoration time, when ``retry_backoff`` is neither a
             ``Backoff`` nor a callable, when ``unique_key`` is neither a string nor a
             callable, when ``concurrency`` is invalid, when the decorated object is not
@@ -317,6 +322,7 @@ def job(
     retry_backoff = options.get("retry_backoff")
     atomic = options.get("atomic", True)
     unique_key = options.get("unique_key")
+    unique_for = options.get("unique_for")
     schedule = options.get("schedule")
     concurrency = options.get("concurrency")
     if callable(job_type):
@@ -345,6 +351,9 @@ def job(
             f"unique_key must be a string, a callable(data) -> str | None, or None; "
             f"got {type(unique_key).__name__}"
         )
+    unique_for_seconds = (
+        None if unique_for is None else validation.unique_window(unique_for, "unique_for")
+    )
     if concurrency is not None:
         _check_concurrency(concurrency)
     if schedule is not None:
@@ -366,6 +375,7 @@ def job(
                 retry_backoff=retry_backoff,
                 atomic=atomic,
                 unique_key=unique_key,
+                unique_for=unique_for_seconds,
                 schedule=schedule,
                 concurrency=concurrency,
             )

@@ -29,7 +29,7 @@ from .inserts import (
 )
 from .jobrows import JobRow
 from .options import OnDuplicate
-from .schema import ACTIVE, CLAIMABLE, JobStatus, status_in
+from .schema import ACTIVE, CLAIMABLE, JobStatus, literal, status_in
 
 if TYPE_CHECKING:
     from .models import Job
@@ -58,6 +58,37 @@ WITH inserted AS (
 SELECT inserted.* FROM inserted{{notify_join}}
 UNION ALL
 SELECT existing.* FROM existing WHERE NOT EXISTS (SELECT FROM inserted)
+"""
+
+# With unique_for: a job with the key enqueued within the window (by created_at), in any
+# state but cancelled, holds the key too. Reading it with the statement's snapshot closes
+# the race with a holder finishing meanwhile: the snapshot still sees it, in the window.
+# The holder returned is the active one, else the newest in the window.
+_INSERT_ONE_UNIQUE_WINDOW = f"""
+WITH recent AS (
+    SELECT * FROM pgqueue_jobs
+     WHERE unique_key = %s AND created_at >= now() - %s * interval '1 second'
+       AND status <> {literal(JobStatus.CANCELLED)}
+     ORDER BY created_at DESC
+     LIMIT 1
+), inserted AS (
+    INSERT INTO pgqueue_jobs ({COLUMNS}, unique_key)
+    SELECT %s, %s, %s, %s, %s::jsonb,
+           COALESCE(%s::timestamptz, now() + %s * interval '1 second'), %s, %s
+     WHERE NOT EXISTS (SELECT FROM recent)
+    {_ON_CONFLICT}
+    RETURNING *
+), holder AS (
+    SELECT h.id FROM (
+        SELECT id, 0 AS rank FROM pgqueue_jobs WHERE unique_key = %s AND {_ACTIVE}
+        UNION ALL
+        SELECT id, 1 FROM recent
+    ) AS h ORDER BY h.rank LIMIT 1
+){{notify}}
+SELECT inserted.* FROM inserted{{notify_join}}
+UNION ALL
+SELECT jobs.* FROM pgqueue_jobs AS jobs JOIN holder USING (id)
+ WHERE NOT EXISTS (SELECT FROM inserted)
 """
 
 # Rows are inserted in key order, so that two batches sharing keys wait for each other
@@ -103,9 +134,58 @@ WITH inserted AS (
 SELECT inserted.* FROM inserted{{notify_join}}
 """
 
+# _INSERT_MANY_UNIQUE with each row's unique_for (NULL: none), as _INSERT_ONE_UNIQUE_WINDOW.
+_INSERT_MANY_UNIQUE_WINDOW = f"""
+WITH t AS (
+    SELECT *
+      FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::int[], %s::text[],
+                  %s::timestamptz[], %s::float8[], %s::int[], %s::text[], %s::float8[])
+           WITH ORDINALITY
+           AS t(id, job_type, queue, priority, data, run_at, delay, max_attempts, unique_key,
+                unique_for, position)
+), recent AS (
+    SELECT DISTINCT ON (jobs.unique_key) jobs.*
+      FROM pgqueue_jobs AS jobs JOIN t ON jobs.unique_key = t.unique_key
+     WHERE t.unique_for IS NOT NULL
+       AND jobs.created_at >= now() - t.unique_for * interval '1 second'
+       AND jobs.status <> {literal(JobStatus.CANCELLED)}
+     ORDER BY jobs.unique_key, jobs.created_at DESC
+), inserted AS (
+    INSERT INTO pgqueue_jobs ({COLUMNS}, unique_key, created_at)
+    SELECT t.id, t.job_type, t.queue, t.priority, t.data::jsonb,
+           COALESCE(t.run_at, now() + t.delay * interval '1 second'), t.max_attempts,
+           t.unique_key, (SELECT clock_timestamp()) + t.position * interval '1 microsecond'
+      FROM t
+     WHERE t.unique_key IS NULL OR t.unique_key NOT IN (SELECT unique_key FROM recent)
+     ORDER BY t.unique_key
+    {_ON_CONFLICT}
+    RETURNING *
+), holders AS (
+    SELECT DISTINCT ON (h.unique_key) h.id FROM (
+        SELECT id, unique_key, 0 AS rank
+          FROM pgqueue_jobs WHERE unique_key = ANY(%s::text[]) AND {_ACTIVE}
+        UNION ALL
+        SELECT id, unique_key, 1 FROM recent
+    ) AS h ORDER BY h.unique_key, h.rank
+){{notify}}
+SELECT inserted.* FROM inserted{{notify_join}}
+UNION ALL
+SELECT jobs.* FROM pgqueue_jobs AS jobs JOIN holders USING (id)
+ WHERE jobs.unique_key NOT IN (
+       SELECT inserted.unique_key FROM inserted WHERE inserted.unique_key IS NOT NULL)
+"""
+
 #: A unique enqueue runs its statement again at most this many times when the holder of
 #: a key keeps changing under it (each run follows a commit by another session).
 UNIQUE_ROUNDS = 50
+
+
+def _duplicate(row: JobRow, holder: Job) -> DuplicateJobError:
+    """The error for ``row``'s key, held by ``holder``: an active job, or one enqueued
+    within the row's ``unique_for``."""
+    assert row.unique_key is not None
+    window = None if holder.status in ACTIVE else row.unique_for
+    return DuplicateJobError(row.unique_key, holder, window=window)
 
 
 def _unresolved(key: str) -> PgQueueError:
@@ -118,9 +198,13 @@ def _unresolved(key: str) -> PgQueueError:
 def enqueue_unique(row: JobRow, on_duplicate: OnDuplicate, alias: str) -> Job:
     assert row.unique_key is not None
     for _ in range(UNIQUE_ROUNDS):
-        params: list[Any] = [*row, row.unique_key]
+        if row.unique_for is None:
+            statement, params = _INSERT_ONE_UNIQUE, [*row[:-1], row.unique_key]
+        else:
+            statement = _INSERT_ONE_UNIQUE_WINDOW
+            params = [row.unique_key, row.unique_for, *row[:-1], row.unique_key]
         notify = wants_notify(connections[alias], undelayed_queues([row]), record=False)
-        jobs = returning_jobs(with_notify(_INSERT_ONE_UNIQUE, params, notify), params, alias)
+        jobs = returning_jobs(with_notify(statement, params, notify), params, alias)
         if not jobs:
             continue  # the holder committed while the insert waited: look again
         job = jobs[0]
@@ -131,7 +215,7 @@ def enqueue_unique(row: JobRow, on_duplicate: OnDuplicate, alias: str) -> Job:
             return job
         logger.debug("unique_key %r is held by job %s: not enqueued", row.unique_key, job.id)
         if on_duplicate == "raise":
-            raise DuplicateJobError(row.unique_key, job)
+            raise _duplicate(row, job)
         if on_duplicate == "replace" and job.status == JobStatus.PENDING:
             replaced = _replace({row.unique_key: job}, [row], alias)
             if not replaced:
@@ -150,7 +234,7 @@ def enqueue_many_unique(rows: list[JobRow], on_duplicate: OnDuplicate, alias: st
             duplicate = next((row for row in rows if row.unique_key in holders), None)
             if duplicate is not None:
                 assert duplicate.unique_key is not None
-                raise DuplicateJobError(duplicate.unique_key, holders[duplicate.unique_key])
+                raise _duplicate(duplicate, holders[duplicate.unique_key])
     elif on_duplicate == "replace":
         inserted, holders = _insert_or_replace(candidates, alias)
     else:
@@ -236,6 +320,10 @@ def _insert_unique(rows: list[JobRow], alias: str) -> tuple[dict[uuid.UUID, Job]
     todo = rows
     for _ in range(UNIQUE_ROUNDS):
         params: list[Any] = [list(column) for column in zip(*todo, strict=True)]
+        windowed = any(row.unique_for is not None for row in todo)
+        statement = _INSERT_MANY_UNIQUE_WINDOW if windowed else _INSERT_MANY_UNIQUE
+        if not windowed:
+            del params[-1]  # unique_for
         params.append([row.unique_key for row in todo if row.unique_key is not None])
         notify = wants_notify(
             connections[alias],
@@ -244,7 +332,7 @@ def _insert_unique(rows: list[JobRow], alias: str) -> tuple[dict[uuid.UUID, Job]
             record=False,
         )
         sent = {row.id: row for row in todo}
-        for job in returning_jobs(with_notify(_INSERT_MANY_UNIQUE, params, notify), params, alias):
+        for job in returning_jobs(with_notify(statement, params, notify), params, alias):
             if job.id in sent:
                 inserted[job.id] = job
             else:

@@ -146,6 +146,23 @@ def seconds(value: Any, field: str, *, allow_zero: bool = True) -> float:
     return result
 
 
+def delay(value: Any, field: str) -> float:
+    """A ``delay``: a duration from 0 to 1,000 years (``schema.MAX_DELAY_SECONDS``)."""
+    return _at_most_1000_years(seconds(value, field), value, field)
+
+
+def unique_window(value: Any, field: str) -> float:
+    """A ``unique_for`` window: a positive duration of at most 1,000 years."""
+    return _at_most_1000_years(seconds(value, field, allow_zero=False), value, field)
+
+
+def _at_most_1000_years(result: float, value: Any, field: str) -> float:
+    if result > schema.MAX_DELAY_SECONDS:
+        most = f"{schema.MAX_DELAY_SECONDS:.0f}"
+        raise InvalidJobError(field, f"must be at most 1,000 years ({most} seconds), got {value!r}")
+    return result
+
+
 def aware_datetime(value: Any, field: str) -> datetime:
     """``value``, a timezone-aware datetime, in UTC: what PostgreSQL stores and returns.
 

@@ -23,6 +23,7 @@ INDEXES = [
     "idx_jobs_worker",
     "idx_jobs_data",
     "idx_jobs_created",
+    "idx_jobs_unique_recent",
     "idx_job_events_job",
 ]
 
