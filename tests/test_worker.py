@@ -376,3 +376,22 @@ def test_integer_retry_delays_mixed_with_float_ones_are_recorded():
     for job in failing:
         job.refresh_from_db()
         assert job.last_error.startswith("RuntimeError: boom on attempt")
+
+
+def test_after_the_server_cut_every_connection_no_job_spends_an_attempt(other_connection):
+    # Every backend terminated at once (a failover, pg_terminate_backend): the worker's
+    # main connection notices at its next claim, and its slots must check their own
+    # idle connections before running a job, instead of failing one each.
+    with worker_thread(concurrency=3, poll_interval=0.05):
+        warm = enqueue_many([{"job_type": "tests.record", "data": {"sleep": 0.05}}] * 6)
+        wait_for(lambda: all(status_of(job) == JobStatus.COMPLETED for job in warm))
+        other_connection.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        connection.close()  # the test's own connection was cut too
+        jobs = enqueue_many([{"job_type": "tests.record"}] * 6)
+        wait_for(lambda: all(status_of(job) != JobStatus.PENDING for job in jobs), timeout=20)
+        wait_for(lambda: all(status_of(job) == JobStatus.COMPLETED for job in jobs), timeout=20)
+
+    assert [(job.attempts, job.last_error) for job in jobs] == [(1, "")] * 6

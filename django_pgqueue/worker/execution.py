@@ -268,14 +268,23 @@ def refuse_awaitable(value: Any, job: Job) -> Any:
     )
 
 
-class _LostConnections:
-    """How many times a slot of this process found its connection cut by the server.
+def suspect_lost_connections() -> None:
+    """The main loop lost its own connection: the server may have cut every connection
+    of this process (a restart, a failover, terminated backends), so each slot checks
+    its connections before its next job instead of failing that job on a dead one."""
+    _LostConnections.suspected()
 
-    When the server cuts one slot's connection (a restart, terminated backends), the
-    other slots' idle connections are usually dead too, though nothing says so until
-    they are used: each would fail its next job, and a job retried at once could fail on
-    one dead connection after another until its attempts ran out. So each slot checks
-    its connections once before its next job after any slot lost one.
+
+class _LostConnections:
+    """How many times this process found a connection cut by the server: a slot's,
+    or the main loop's.
+
+    When the server cuts one connection (a restart, terminated backends), the slots'
+    idle connections are usually dead too, though nothing says so until they are used:
+    each would fail its next job, and a job retried at once could fail on one dead
+    connection after another, in one worker process after another, until its attempts
+    ran out. So each slot checks its connections once before its next job after any
+    connection of its process was found lost.
     """
 
     count = 0
@@ -286,6 +295,11 @@ class _LostConnections:
         """Called in a slot whose handler failed with an OperationalError."""
         cls.count += 1  # a lost update across threads still changes it: enough
         cls._seen.count = cls.count
+
+    @classmethod
+    def suspected(cls) -> None:
+        """Called by the main loop when it lost its own connection."""
+        cls.count += 1
 
     @classmethod
     def check_since_last_seen(cls) -> None:

@@ -39,6 +39,7 @@ from .execution import (
     Outcome,
     RunningJob,
     interrupt,
+    suspect_lost_connections,
     timeout_outcome,
 )
 from .handback import forced_exit_outcomes, hand_back
@@ -373,6 +374,8 @@ class Worker:
                     str(exc).strip(),
                     delay,
                 )
+                if isinstance(exc, psycopg.OperationalError):
+                    suspect_lost_connections()  # the slots' may be gone with it
                 self._drop_connection()
                 self._stopping.wait(delay)
                 continue
