@@ -9,10 +9,11 @@ from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar, Protocol, Self, TypeVar
 
 from django.contrib.postgres.functions import RandomUUID
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import IntegrityError, connections, models, transaction
 from django.db.models import Exists, OuterRef, Q, Value
 from django.db.models.base import ModelState
-from django.db.models.functions import Now
+from django.db.models.functions import Coalesce, Now
 from django.db.models.signals import post_init, pre_init
 from django.utils.translation import gettext_lazy as _
 
@@ -787,20 +788,40 @@ class ConcurrencyLimit(JobsDatabaseModel):
     """At most ``max_running`` jobs of a queue or job type claimed or running at once,
     across all workers; ``claim_job_batch`` enforces it.
 
-    Workers write these rows from the declared limits when they start.
+    ``declared`` is what the code and settings say: workers write it when they start.
+    ``override`` is what staff set, in the admin or with
+    [`override_limit()`][django_pgqueue.limits.override_limit]; it wins, and workers
+    never change it. ``max_running``, the limit enforced, is computed by the database
+    from the two (a generated column).
 
     A row of ``pgqueue_limits``; see [concurrency limits](#limits).
 
     Attributes:
         scope (CharField): ``"queue"`` or ``"job_type"``.
         name (CharField): The queue or job type.
-        max_running (IntegerField): The limit, at least 1.
+        declared (IntegerField): The declared limit, at least 1; ``NULL`` when nothing
+            declares one (the row then holds an override).
+        override (IntegerField): The limit set by staff, at least 1, or ``NULL``.
+        max_running (GeneratedField): The limit enforced: ``COALESCE(override,
+            declared)``.
         updated_at (DateTimeField): When the row last changed.
     """
 
     scope = models.CharField(max_length=16, choices=LimitScope.choices)
     name = models.CharField(max_length=255)
-    max_running = models.IntegerField()
+    declared = models.IntegerField(null=True, blank=True, editable=False)
+    override = models.IntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(schema.CONCURRENCY_LIMIT_MAX)],
+        help_text=_("Wins over the declared limit; empty: the declared limit applies."),
+    )
+    #: One rule, in the database: the override if set, else the declared limit.
+    max_running = models.GeneratedField(
+        expression=Coalesce("override", "declared"),
+        output_field=models.IntegerField(),
+        db_persist=True,
+    )
     updated_at = models.DateTimeField(db_default=Now())
 
     class Meta:
@@ -814,7 +835,16 @@ class ConcurrencyLimit(JobsDatabaseModel):
                 condition=Q(scope__in=LimitScope.values), name="pgqueue_limits_scope_valid"
             ),
             models.CheckConstraint(
-                condition=Q(max_running__gte=1), name="pgqueue_limits_max_running_positive"
+                condition=Q(declared__isnull=True) | Q(declared__gte=1),
+                name="pgqueue_limits_declared_positive",
+            ),
+            models.CheckConstraint(
+                condition=Q(override__isnull=True) | Q(override__gte=1),
+                name="pgqueue_limits_override_positive",
+            ),
+            models.CheckConstraint(
+                condition=Q(declared__isnull=False) | Q(override__isnull=False),
+                name="pgqueue_limits_declared_or_override",
             ),
         ]
 

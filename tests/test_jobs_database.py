@@ -251,7 +251,7 @@ def test_stats_count_jobs_and_workers_written_through_the_orm(make_job):
     make_job(queue="emails")
     make_job(queue="emails", status="running", worker_id="w-1", started_at=timezone.now())
     WorkerRecord.objects.create(worker_id="w-1", hostname="h", pid=1, concurrency=1)
-    ConcurrencyLimit.objects.create(scope="queue", name="emails", max_running=2)
+    ConcurrencyLimit.objects.create(scope="queue", name="emails", declared=2)
 
     (emails,) = snapshot().queues
 

@@ -105,8 +105,8 @@ def test_the_setting_wins_over_the_decorator_and_none_lifts_its_limit(
 
 @pytest.mark.django_db
 def test_sync_makes_the_table_equal_to_the_declared_limits(pgqueue_settings, caplog):
-    ConcurrencyLimit.objects.create(scope="queue", name="video", max_running=5)
-    ConcurrencyLimit.objects.create(scope="queue", name="gone", max_running=1)
+    ConcurrencyLimit.objects.create(scope="queue", name="video", declared=5)
+    ConcurrencyLimit.objects.create(scope="queue", name="gone", declared=1)
     pgqueue_settings(QUEUE_LIMITS={"video": 2}, JOB_TYPE_LIMITS={"tests.record": 3})
 
     with caplog.at_level("INFO", logger="django_pgqueue.limits"):
@@ -123,7 +123,7 @@ def test_sync_makes_the_table_equal_to_the_declared_limits(pgqueue_settings, cap
 @pytest.mark.django_db
 def test_sync_leaves_unchanged_limits_alone(pgqueue_settings):
     long_ago = timezone.now() - timedelta(days=30)
-    ConcurrencyLimit.objects.create(scope="queue", name="video", max_running=2, updated_at=long_ago)
+    ConcurrencyLimit.objects.create(scope="queue", name="video", declared=2, updated_at=long_ago)
     pgqueue_settings(QUEUE_LIMITS={"video": 2})
 
     sync_declared_limits("default")
@@ -133,7 +133,7 @@ def test_sync_leaves_unchanged_limits_alone(pgqueue_settings):
 
 @pytest.mark.django_db
 def test_sync_with_nothing_declared_removes_every_limit():
-    ConcurrencyLimit.objects.create(scope="job_type", name="tests.record", max_running=2)
+    ConcurrencyLimit.objects.create(scope="job_type", name="tests.record", declared=2)
 
     sync_declared_limits("default")
 
@@ -154,7 +154,7 @@ def claim(batch_size: int = 10, conn: Any = None) -> list[Job]:
 
 
 def limit(scope: str, name: str, max_running: int) -> None:
-    ConcurrencyLimit.objects.create(scope=scope, name=name, max_running=max_running)
+    ConcurrencyLimit.objects.create(scope=scope, name=name, declared=max_running)
 
 
 @pytest.mark.django_db

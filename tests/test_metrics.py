@@ -58,7 +58,7 @@ def test_view_exposes_queue_metrics(client, make_job):
     make_job(queue="emails", status="completed", started_at=now, completed_at=now)
     make_job(queue="emails", status="failed", started_at=now, completed_at=now)
     QueueState.objects.create(name="reports", paused_at=now)
-    ConcurrencyLimit.objects.create(scope="queue", name="reports", max_running=3)
+    ConcurrencyLimit.objects.create(scope="queue", name="reports", declared=3)
     WorkerRecord.objects.create(worker_id="w-1", hostname="h", pid=1, concurrency=2)
 
     response = client.get("/metrics/")

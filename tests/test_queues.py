@@ -66,7 +66,7 @@ def test_a_queue_can_be_paused_before_it_has_jobs_and_is_then_known():
 
 def test_known_queues_include_queues_with_jobs_or_limits_and_the_default(make_job):
     make_job(queue="emails")
-    ConcurrencyLimit.objects.create(scope="queue", name="video", max_running=2)
+    ConcurrencyLimit.objects.create(scope="queue", name="video", declared=2)
 
     assert {"default", "emails", "video"} <= set(known_queues())
 
@@ -198,7 +198,7 @@ def test_command_lists_queues_with_state_counts_and_limit(make_job):
     make_job(queue="video")
     make_job(queue="video", status="running", worker_id="w")
     make_job(queue="emails", status="completed")
-    ConcurrencyLimit.objects.create(scope="queue", name="video", max_running=2)
+    ConcurrencyLimit.objects.create(scope="queue", name="video", declared=2)
     pause_queue("video")
 
     out, _ = run("list")
@@ -243,7 +243,7 @@ def test_overview_shows_paused_state_limit_and_buttons(client, log_in, make_job)
     make_job(queue="video")
     make_job(queue="emails")
     pause_queue("video")
-    ConcurrencyLimit.objects.create(scope="queue", name="video", max_running=2)
+    ConcurrencyLimit.objects.create(scope="queue", name="video", declared=2)
 
     response = client.get(reverse(OVERVIEW))
 

@@ -60,7 +60,7 @@ def busy_database(make_job: Any) -> None:
     make_job(queue="reports", status=JobStatus.RUNNING, worker_id="w-silent", started_at=now)
     make_job(queue="reports", status=JobStatus.FAILED, completed_at=long_ago)
     pause_queue("reports")
-    ConcurrencyLimit.objects.create(scope="queue", name="reports", max_running=3)
+    ConcurrencyLimit.objects.create(scope="queue", name="reports", declared=3)
     make_job(queue="video", run_at=now + timedelta(days=1))
     WorkerRecord.objects.create(
         worker_id="w-alive", hostname="h", pid=1, concurrency=4, queues=["emails"]

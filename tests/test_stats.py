@@ -125,8 +125,8 @@ def test_queue_without_recent_starts_has_no_wait(make_job):
 def test_paused_queues_and_queue_limits_are_shown_even_without_jobs(make_job):
     QueueState.objects.create(name="emails", paused_at=timezone.now())
     QueueState.objects.create(name="resumed", paused_at=None)
-    ConcurrencyLimit.objects.create(scope="queue", name="reports", max_running=2)
-    ConcurrencyLimit.objects.create(scope="job_type", name="tests.noop", max_running=1)
+    ConcurrencyLimit.objects.create(scope="queue", name="reports", declared=2)
+    ConcurrencyLimit.objects.create(scope="job_type", name="tests.noop", declared=1)
     make_job(queue="default")
 
     queues = by_name(stats.snapshot())

@@ -33,7 +33,7 @@ def queues(make_job):
     make_job(queue="emails", status="running", worker_id="w-1", started_at=now)
     make_job(queue="emails", status="failed", completed_at=now - timedelta(days=2))
     QueueState.objects.create(name="reports", paused_at=now)
-    ConcurrencyLimit.objects.create(scope="queue", name="reports", max_running=2)
+    ConcurrencyLimit.objects.create(scope="queue", name="reports", declared=2)
     WorkerRecord.objects.create(
         worker_id="web-1:4242:abcdef", hostname="web-1", pid=4242, concurrency=8
     )

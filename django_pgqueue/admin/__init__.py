@@ -1,25 +1,30 @@
-"""The Django admin for jobs: live progress, retry/cancel/run-now actions, queue overview.
+"""The Django admin for jobs: live progress, retry/cancel/run-now actions, queue overview,
+and the concurrency limits.
 
-Django's admin autodiscovery imports this package, which registers ``JobAdmin``. The
-parts live in their own modules: ``changelist`` (the ModelAdmin, its list and page),
-``filters``, ``cells`` and ``formatting`` (what the cells show), ``actions``, ``live``
-(the live endpoint) and ``overview`` (the queue overview page).
+Django's admin autodiscovery imports this package, which registers ``JobAdmin`` and
+``ConcurrencyLimitAdmin``. The parts live in their own modules: ``changelist`` (the
+ModelAdmin, its list and page), ``filters``, ``cells`` and ``formatting`` (what the
+cells show), ``actions``, ``live`` (the live endpoint), ``overview`` (the queue overview
+page) and ``limits`` (declared and overridden limits).
 """
 
 from django.contrib import admin
 
-from ..models import Job
+from ..models import ConcurrencyLimit, Job
 from .changelist import EstimatedCountPaginator, JobAdmin, JobChangeList, planner_estimate
 from .filters import JobTypeFilter, QueueFilter, search_filter
 from .formatting import display_datetime, short_datetime, short_duration
+from .limits import ConcurrencyLimitAdmin
 from .live import HISTORY_SHOWN, LIVE_FIELDS, LIVE_MAX_IDS
 
 admin.site.register(Job, JobAdmin)
+admin.site.register(ConcurrencyLimit, ConcurrencyLimitAdmin)
 
 __all__ = [
     "HISTORY_SHOWN",
     "LIVE_FIELDS",
     "LIVE_MAX_IDS",
+    "ConcurrencyLimitAdmin",
     "EstimatedCountPaginator",
     "JobAdmin",
     "JobChangeList",

@@ -1,0 +1,96 @@
+"""The admin of concurrency limits: what the code declares, what staff override, and what
+workers enforce.
+
+Declared limits come from code and settings, and workers rewrite them when they start:
+they are read-only here. Staff with the ``change_concurrencylimit`` permission set or
+clear a limit's override, and with ``add_concurrencylimit`` limit a queue or job type
+that declares none. Every change goes through ``limits.override_limit()``: one place
+validates, serialises and logs it. A limit that only an override holds is removed by
+deleting it; a declared one cannot be deleted (its next worker would write it back).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django import forms
+from django.contrib import admin
+from django.http import HttpRequest
+from django.utils.translation import gettext_lazy
+
+from .. import validation
+from ..exceptions import InvalidArgumentError
+from ..limits import override_limit
+from ..models import ConcurrencyLimit, LimitScope
+
+if TYPE_CHECKING:
+    LimitModelAdmin = admin.ModelAdmin[ConcurrencyLimit]
+    LimitForm = forms.ModelForm[ConcurrencyLimit]
+else:
+    LimitModelAdmin = admin.ModelAdmin
+    LimitForm = forms.ModelForm
+
+
+class ConcurrencyLimitForm(LimitForm):
+    """The override, required where nothing is declared (delete the limit instead)."""
+
+    class Meta:
+        model = ConcurrencyLimit
+        fields = ("scope", "name", "override")
+
+    def clean(self) -> dict[str, Any]:
+        cleaned: dict[str, Any] = super().clean() or {}
+        instance = self.instance
+        scope = cleaned.get("scope", instance.scope)
+        name = cleaned.get("name", instance.name)
+        if instance.pk is None and scope and name:
+            check = validation.queue if scope == LimitScope.QUEUE else validation.job_type
+            try:
+                check(name, "name")
+            except InvalidArgumentError as exc:
+                self.add_error("name", exc.message)
+        if cleaned.get("override") is None and instance.declared is None:
+            self.add_error(
+                "override",
+                gettext_lazy(
+                    "Nothing declares this limit: give it an override, or delete the limit."
+                ),
+            )
+        return cleaned
+
+
+class ConcurrencyLimitAdmin(LimitModelAdmin):
+    form = ConcurrencyLimitForm
+    list_display = ("scope", "name", "declared", "override", "max_running", "updated_at")
+    list_display_links = ("scope", "name")
+    list_filter = ("scope",)
+    search_fields = ("name",)
+    ordering = ("scope", "name")
+
+    def get_readonly_fields(
+        self, request: HttpRequest, obj: ConcurrencyLimit | None = None
+    ) -> tuple[str, ...]:
+        computed = ("declared", "max_running", "updated_at")
+        return ("scope", "name", *computed) if obj is not None else computed
+
+    def has_delete_permission(
+        self, request: HttpRequest, obj: ConcurrencyLimit | None = None
+    ) -> bool:
+        # Only limits that nothing declares: a worker would write a declared one back.
+        allowed = super().has_delete_permission(request, obj)
+        return allowed and (obj is None or obj.declared is None)
+
+    def save_model(
+        self, request: HttpRequest, obj: ConcurrencyLimit, form: Any, change: bool
+    ) -> None:
+        state = override_limit(obj.scope, obj.name, obj.override, using=obj._state.db)
+        assert state is not None  # the form requires an override where nothing is declared
+        saved = ConcurrencyLimit.objects.get(scope=state.scope, name=state.name)
+        obj.pk, obj.declared, obj.updated_at = saved.pk, saved.declared, saved.updated_at
+
+    def delete_model(self, request: HttpRequest, obj: ConcurrencyLimit) -> None:
+        override_limit(obj.scope, obj.name, None, using=obj._state.db)
+
+    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
+        for limit in queryset:
+            self.delete_model(request, limit)
