@@ -257,6 +257,19 @@ def test_a_failing_task_is_retried_per_the_retry_settings_then_succeeds():
     assert "attempt 2 fails" in result.errors[0].traceback  # the latest error is kept
 
 
+def test_a_task_that_snoozes_waits_without_spending_an_attempt():
+    result = test_tasks.snooze_for_a_minute.enqueue()
+
+    run_due()
+
+    result.refresh()
+    job = Job.objects.get(pk=result.id)
+    assert result.status == TaskResultStatus.READY
+    assert (result.attempts, result.errors) == (0, [])
+    assert (job.status, job.snoozes) == (JobStatus.PENDING, 1)
+    assert (job.run_at - job.claimed_at).total_seconds() >= 60
+
+
 def test_a_task_that_keeps_failing_fails_after_max_attempts(settings):
     configure(settings, MAX_ATTEMPTS=2)
     result = test_tasks.failing_value_error.enqueue()

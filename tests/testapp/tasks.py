@@ -4,6 +4,7 @@ from datetime import datetime
 
 from django.utils import timezone
 
+from django_pgqueue import Snooze
 from django_pgqueue.tasks_compat import TaskContext, task
 
 from .models import Execution, Order
@@ -124,3 +125,9 @@ async def _never_run():
 def returns_coroutine():
     """A plain function returning a coroutine: the worker must fail it, not complete it."""
     return _never_run()
+
+
+@task()
+def snooze_for_a_minute():
+    """Not ready yet: a Task raises ``Snooze`` as a handler does."""
+    raise Snooze(60)
