@@ -6,6 +6,11 @@ The same statement reads the active job that holds the key; when that job was co
 by another session while the insert waited for it, the statement's snapshot cannot see
 it, and the statement runs again (a new snapshot) until it either inserts or finds the
 holder.
+
+With ``unique_for`` a job with the key enqueued within the window holds it too, finished
+or not (but cancelled): the statement looks for one first, in its own snapshot. With
+``on_duplicate="replace"`` a pending holder then takes the new payload and run time, in
+one ``UPDATE`` guarded by its status.
 """
 
 from __future__ import annotations
