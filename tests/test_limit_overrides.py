@@ -234,3 +234,56 @@ def test_a_declared_limit_cannot_be_deleted_in_the_admin(staff, pgqueue_settings
 
     assert response.status_code == 403
     assert ConcurrencyLimit.objects.exists()
+
+
+# -- Real worker processes ---------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_worker_processes_keep_an_override_set_while_they_run():
+    from django_pgqueue import enqueue_many
+    from django_pgqueue.models import Job, JobStatus
+    from tests.test_limits import most_at_once, worker_settings
+    from tests.testapp.models import Execution
+    from tests.workers import WorkerProcess, wait_for
+
+    def start(index: int, job_type: str, declared: int) -> WorkerProcess:
+        return WorkerProcess(
+            "--concurrency",
+            "4",
+            "--poll-interval",
+            "0.2",
+            "--worker-id",
+            f"w{index}",
+            "--job-types",
+            job_type,
+            env=worker_settings("queue", "video", declared),
+        )
+
+    workers = [start(0, "tests.record", 3), start(1, "tests.durable", 3)]
+    try:
+        wait_for(lambda: limit_states() == [LimitState("queue", "video", 3, None, 3)])
+        override_limit("queue", "video", 1)
+        # A worker started now with other settings rewrites the declared limit only.
+        workers.append(start(2, "tests.record", 4))
+        wait_for(lambda: limit_states() == [LimitState("queue", "video", 4, 1, 1)])
+        jobs = enqueue_many(
+            [
+                {"job_type": job_type, "queue": "video", "data": {"sleep": 0.05}}
+                for job_type in ("tests.record", "tests.durable")
+                for _ in range(8)
+            ]
+        )
+        wait_for(
+            lambda: Job.objects.filter(status=JobStatus.COMPLETED).count() == len(jobs),
+            timeout=90,
+        )
+    finally:
+        for worker in workers:
+            worker.stop()
+
+    executions = list(Execution.objects.values_list("started_at", "finished_at", "worker_id"))
+    assert len(executions) == len(jobs)
+    assert most_at_once([(start, end) for start, end, _ in executions]) == 1
+    assert len({worker_id for _, _, worker_id in executions}) >= 2
+    assert limit_states() == [LimitState("queue", "video", 4, 1, 1)]
