@@ -12,6 +12,7 @@ from django.core.management import call_command
 from django.db import connection
 from django.urls import reverse
 
+from django_pgqueue import enqueue_many
 from django_pgqueue.exceptions import InvalidArgumentError
 from django_pgqueue.limits import (
     LimitState,
@@ -21,6 +22,8 @@ from django_pgqueue.limits import (
     sync_declared_limits,
 )
 from django_pgqueue.models import ConcurrencyLimit
+from tests.test_limits import drain_then_runs, most_at_once, worker_settings
+from tests.workers import WorkerProcess, wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -241,12 +244,6 @@ def test_a_declared_limit_cannot_be_deleted_in_the_admin(staff, pgqueue_settings
 
 @pytest.mark.django_db(transaction=True)
 def test_worker_processes_keep_an_override_set_while_they_run():
-    from django_pgqueue import enqueue_many
-    from django_pgqueue.models import Job, JobStatus
-    from tests.test_limits import most_at_once, worker_settings
-    from tests.testapp.models import Execution
-    from tests.workers import WorkerProcess, wait_for
-
     def start(index: int, job_type: str, declared: int) -> WorkerProcess:
         return WorkerProcess(
             "--concurrency",
@@ -274,15 +271,12 @@ def test_worker_processes_keep_an_override_set_while_they_run():
                 for _ in range(8)
             ]
         )
-        wait_for(
-            lambda: Job.objects.filter(status=JobStatus.COMPLETED).count() == len(jobs),
-            timeout=90,
-        )
-    finally:
+    except BaseException:
         for worker in workers:
             worker.stop()
+        raise
+    executions = drain_then_runs(jobs, workers)
 
-    executions = list(Execution.objects.values_list("started_at", "finished_at", "worker_id"))
     assert len(executions) == len(jobs)
     assert most_at_once([(start, end) for start, end, _ in executions]) == 1
     assert len({worker_id for _, _, worker_id in executions}) >= 2

@@ -282,6 +282,20 @@ def most_at_once(intervals: list[tuple[Any, Any]]) -> int:
     return peak
 
 
+def drain_then_runs(jobs: list[Job], workers: list[WorkerProcess]) -> list[tuple[Any, ...]]:
+    """Wait until ``workers`` completed ``jobs``, stop them, and return every recorded
+    run as (started_at, finished_at, worker_id)."""
+    try:
+        wait_for(
+            lambda: Job.objects.filter(status=JobStatus.COMPLETED).count() == len(jobs),
+            timeout=90,
+        )
+    finally:
+        for worker in workers:
+            worker.stop()
+    return list(Execution.objects.values_list("started_at", "finished_at", "worker_id"))
+
+
 # A worker stalled for seconds on a loaded machine would have its jobs recovered and run
 # again while it still runs them: at-least-once, but no longer "at most 2 at once".
 def worker_settings(scope: str, name: str, max_running: int) -> dict[str, str]:
@@ -335,16 +349,8 @@ def test_worker_processes_never_run_more_jobs_at_once_than_the_limit(variant):
         )
         for i, restriction in enumerate([*restrictions, restrictions[0]])
     ]
-    try:
-        wait_for(
-            lambda: Job.objects.filter(status=JobStatus.COMPLETED).count() == len(jobs),
-            timeout=90,
-        )
-    finally:
-        for worker in workers:
-            worker.stop()
+    executions = drain_then_runs(jobs, workers)
 
-    executions = list(Execution.objects.values_list("started_at", "finished_at", "worker_id"))
     assert len(executions) == len(jobs)  # each job ran once
     assert most_at_once([(start, end) for start, end, _ in executions]) == 2
     assert len({worker_id for _, _, worker_id in executions}) >= 2
