@@ -25,6 +25,7 @@ from .inserts import (
     KeyedRowFound,
     built_one,
     insert_plain_many,
+    read_held,
     send_enqueued,
     wants_notify,
     with_notify,
@@ -143,7 +144,7 @@ def enqueue(
     if wants_notify(db, {row.queue} if undelayed else set()) and settings.NOTIFY:
         params: list[Any] = list(row[:PLAIN_FIELDS])
         sql = with_notify(INSERT_ONE, params, True)
-    elif undelayed:
+    elif undelayed and row.concurrency_key is None:
         params = [row.id, row.job_type, row.queue, row.priority, row.data, row.max_attempts]
         sql = INSERT_ONE_DUE_QUIET
     else:
@@ -151,6 +152,8 @@ def enqueue(
         sql = INSERT_ONE_QUIET
     created_us, run_us = reused_cursor.execute_fetchone(db, sql, params)
     job = built_one(row, created_us, run_us, alias)
+    if row.concurrency_key is not None:
+        read_held([job], alias)
     send_enqueued([job])
     return job
 

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .models import Job
 
 
-COLUMNS = "id, job_type, queue, priority, data, run_at, max_attempts"
+COLUMNS = "id, job_type, queue, priority, data, run_at, max_attempts, concurrency_key"
 
 # The plain inserts return only what the database decides (the times, as exact integer
 # microseconds since the epoch); the rest of each Job is what was sent. Decoding whole
@@ -42,13 +42,14 @@ _MICROS = "(extract(epoch FROM inserted.{0}) * 1000000)::int8"
 INSERT_ONE_QUIET = f"""
 INSERT INTO pgqueue_jobs AS inserted ({COLUMNS})
 VALUES (%s, %s, %s, %s, %s::jsonb,
-        COALESCE(%s::timestamptz, now() + %s * interval '1 second'), %s)
+        COALESCE(%s::timestamptz, now() + %s * interval '1 second'), %s, %s)
 RETURNING {_MICROS.format("created_at")}, {_MICROS.format("run_at")}
 """
 
-# The commonest case, an undelayed job (due at once) with no NOTIFY to send, in six
-# parameters instead of eight (run_at is now(), as the general statement sets it): psycopg
-# adapts every parameter of every call, and a loop of these is the W1 benchmark.
+# The commonest case, an undelayed job (due at once) without a concurrency key and with
+# no NOTIFY to send, in six parameters instead of nine (run_at is now(), as the general
+# statement sets it): psycopg adapts every parameter of every call, and a loop of these
+# is the W1 benchmark.
 INSERT_ONE_DUE_QUIET = f"""
 INSERT INTO pgqueue_jobs AS inserted (id, job_type, queue, priority, data, run_at, max_attempts)
 VALUES (%s, %s, %s, %s, %s::jsonb, now(), %s)
@@ -79,7 +80,7 @@ INSERT_ONE = f"""
 WITH inserted AS (
     INSERT INTO pgqueue_jobs ({COLUMNS})
     VALUES (%s, %s, %s, %s, %s::jsonb,
-            COALESCE(%s::timestamptz, now() + %s * interval '1 second'), %s)
+            COALESCE(%s::timestamptz, now() + %s * interval '1 second'), %s, %s)
     RETURNING queue, created_at, run_at  -- queue and run_at: for the NOTIFY
 ){{notify}}
 SELECT {_MICROS.format("created_at")}, {_MICROS.format("run_at")}
@@ -221,6 +222,7 @@ def _inserted_values(
         "priority": row.priority,
         "data": data,
         "max_attempts": row.max_attempts,
+        "concurrency_key": row.concurrency_key,
         "created_at": created_at,
         "run_at": run_at,
     }
@@ -305,6 +307,9 @@ def _copy_rows(first: list[JobRow], more: Iterator[JobRow], using: str) -> list[
                     raise KeyedRowFound(rows)
             # Built while the server inserts the last part; returned only if the COPY ends well.
             jobs = _built(rows, times, using)
+        keyed = [job for job in jobs if job.concurrency_key is not None]
+        if keyed:
+            read_held(keyed, using)
         if connection.queries_logged:
             # What Django's debug cursor records for execute(): COPY bypasses it.
             connection.queries_log.append(
@@ -314,6 +319,18 @@ def _copy_rows(first: list[JobRow], more: Iterator[JobRow], using: str) -> list[
         if settings.NOTIFY:
             _notify_copied(cursor, connection, rows, times, now, settings.NOTIFY_CHANNEL)
     return jobs
+
+
+def read_held(jobs: list[Job], using: str) -> None:
+    """Set ``held`` on the just inserted ``jobs`` that the database held back (the jobs
+    of a key at its limit: ``sql/key_limits_v1.sql``); only keyed jobs can be."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            "SELECT id FROM pgqueue_jobs WHERE id = ANY(%s) AND held", [[job.id for job in jobs]]
+        )
+        held = {row[0] for row in cursor.fetchall()}
+    for job in jobs:
+        job.held = job.id in held
 
 
 def _notify_copied(
@@ -358,10 +375,16 @@ def _copy_line(row: JobRow, times: tuple[datetime, datetime], now_text: str) -> 
     created_at, run_at = times
     data = row.data.replace("\\", "\\\\")
     run_text = now_text if row.undelayed else run_at.isoformat()
+    key = row.concurrency_key
+    key_text = "\\N" if key is None else key.translate(_COPY_ESCAPES)
     return (
         f"{row.id.int:032x}\t{row.job_type}\t{row.queue}\t{row.priority}\t{data}\t"
-        f"{run_text}\t{row.max_attempts}\t{created_at.isoformat()}\n"
+        f"{run_text}\t{row.max_attempts}\t{key_text}\t{created_at.isoformat()}\n"
     )
+
+
+# COPY's text format: a backslash, tab, newline or carriage return in a value is escaped.
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 
 
 def _run_at(row: JobRow, now: datetime) -> datetime:

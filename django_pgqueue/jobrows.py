@@ -47,6 +47,8 @@ class JobRow(NamedTuple):
     run_at: datetime | None
     delay: float
     max_attempts: int
+    #: The key of the job type's per-key concurrency limit (``@job(concurrency_key=...)``).
+    concurrency_key: str | None
     # Last, so that the plain inserts take the fields before them.
     unique_key: str | None
     #: Seconds: a job with the key enqueued this recently holds it, finished or not.
@@ -168,8 +170,13 @@ def prepare(
         0.0 if delay is None else validation.delay(delay, f"{prefix}delay"),
         resolved.max_attempts,
         None,
+        None,
     )
     definition = resolved.definition
+    if definition is not None and definition.concurrency_key is not None:
+        row = row._replace(
+            concurrency_key=_concurrency_key(definition, data, f"{prefix}concurrency_key")
+        )
     if unique_key is None and definition is not None and definition.unique_key is not None:
         unique_key = _default_key(definition, data, f"{prefix}unique_key")
     unique_for = get("unique_for")
@@ -209,6 +216,49 @@ def _default_key(definition: registry.JobDefinition, data: Any, field: str) -> A
             f"{type(key).__name__}; it must return a string, or None for no key",
         )
     return key
+
+
+def _concurrency_key(definition: registry.JobDefinition, data: Any, field: str) -> str:
+    """The job's key under its type's per-key limit: the value at the payload path, or
+    what the type's key function returns."""
+    source = definition.concurrency_key
+    payload = data if data is not None else {}
+    if callable(source):
+        try:
+            key = source(payload)
+        except Exception as exc:
+            raise InvalidJobError(
+                field,
+                f"the concurrency_key function of job type {definition.job_type!r} raised "
+                f"{exc!r}; make it return a string for every payload",
+            ) from exc
+        if not isinstance(key, str):
+            raise InvalidJobError(
+                field,
+                f"the concurrency_key function of job type {definition.job_type!r} returned "
+                f"{type(key).__name__}; it must return a string",
+            )
+        return validation.concurrency_key(key, field)
+    assert source is not None
+    value = payload
+    for name in source.split("."):
+        if not isinstance(value, Mapping) or name not in value:
+            raise InvalidJobError(
+                field,
+                f"job type {definition.job_type!r} takes its concurrency key from data "
+                f"field {source!r}, which this payload does not have",
+            )
+        value = value[name]
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    elif not isinstance(value, str):
+        raise InvalidJobError(
+            field,
+            f"data field {source!r}, the concurrency key of job type "
+            f"{definition.job_type!r}, must be a string or an integer, got "
+            f"{type(value).__name__}",
+        )
+    return validation.concurrency_key(value, field)
 
 
 def prepared_rows(specs: Iterable[JobSpec | Mapping[str, Any]]) -> Iterator[JobRow]:

@@ -1,13 +1,15 @@
 """Concurrency limits: declared in code, written to ``pgqueue_limits`` by workers, and
 overridden by staff.
 
-A limit caps how many jobs of a queue, or of a job type, are claimed or running at once
-across all workers; ``claim_job_batch`` enforces the rows of ``pgqueue_limits``. Limits
-are declared in ``PGQUEUE["QUEUE_LIMITS"]``, ``PGQUEUE["JOB_TYPE_LIMITS"]`` and
-``@job(concurrency=N)``; the setting wins over the decorator for the same job type
-(``None`` in the setting lifts the decorator's limit). Every worker writes the declared
-limits when it starts (``sync_declared_limits()``), so the last worker to start wins:
-all workers of a deployment must share the settings and job modules.
+A limit caps how many jobs of a queue, of a job type, or of each key of a job type are
+claimed or running at once across all workers; ``claim_job_batch`` enforces the rows of
+``pgqueue_limits``. Limits are declared in ``PGQUEUE["QUEUE_LIMITS"]``,
+``PGQUEUE["JOB_TYPE_LIMITS"]`` and ``@job(concurrency=N)`` (per key with
+``concurrency_key``); the setting wins over the decorator for the same job type
+(``None`` in the setting lifts the decorator's limit), and never changes a per-key limit.
+Every worker writes the declared limits when it starts (``sync_declared_limits()``), so
+the last worker to start wins: all workers of a deployment must share the settings and
+job modules.
 
 Staff override a limit at run time (``override_limit()``, or the admin): the override
 wins over the declared limit, takes effect at the next claim, and is never changed by
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import connections, transaction
 
@@ -37,7 +40,7 @@ __all__ = [
     "sync_declared_limits",
 ]
 
-#: ``(scope, name)``: scope is ``"queue"`` or ``"job_type"``.
+#: ``(scope, name)``: scope is ``"queue"``, ``"job_type"`` or ``"key"`` (name: the job type).
 LimitKey = tuple[str, str]
 
 # Serialises the writers of pgqueue_limits (worker syncs, overrides), so that workers
@@ -50,7 +53,7 @@ class LimitState:
     """One concurrency limit as stored: what is declared, overridden and enforced."""
 
     scope: str
-    """``"queue"`` or ``"job_type"``."""
+    """``"queue"``, ``"job_type"`` or ``"key"`` (the limit applies to each key)."""
     name: str
     """The queue or job type."""
     declared: int | None
@@ -64,18 +67,20 @@ class LimitState:
 def declared_limits() -> dict[LimitKey, int]:
     """The limits this process's settings and ``@job`` registrations declare.
 
-    By ``(scope, name)``, with scope ``"queue"`` or ``"job_type"``:
-    ``PGQUEUE["QUEUE_LIMITS"]``, then ``@job(concurrency=...)``, then
-    ``PGQUEUE["JOB_TYPE_LIMITS"]`` (which wins; ``None`` removes).
+    By ``(scope, name)``, with scope ``"queue"``, ``"job_type"`` or ``"key"``:
+    ``PGQUEUE["QUEUE_LIMITS"]``, then ``@job(concurrency=...)`` (scope ``"key"`` with a
+    ``concurrency_key``), then ``PGQUEUE["JOB_TYPE_LIMITS"]`` (which wins over a job type's
+    own limit; ``None`` removes it).
     """
     settings = conf.get_settings()
     declared: dict[LimitKey, int] = {
         (LimitScope.QUEUE.value, name): limit for name, limit in settings.QUEUE_LIMITS.items()
     }
     for job_type in registry.registered_job_types():
-        concurrency = registry.get_definition(job_type).concurrency
-        if concurrency is not None:
-            declared[(LimitScope.JOB_TYPE.value, job_type)] = concurrency
+        definition = registry.get_definition(job_type)
+        if definition.concurrency is not None:
+            scope = LimitScope.JOB_TYPE if definition.concurrency_key is None else LimitScope.KEY
+            declared[(scope.value, job_type)] = definition.concurrency
     for job_type, limit in settings.JOB_TYPE_LIMITS.items():
         key = (LimitScope.JOB_TYPE.value, job_type)
         if limit is None:
@@ -151,6 +156,8 @@ def sync_declared_limits(using: str | None = None) -> None:
                     [limit for _, limit in changed],
                 ],
             )
+        if any(scope == LimitScope.KEY for scope, _ in [*removed, *(k for k, _ in changed)]):
+            _release_held(cursor)
     for scope, name in removed:
         logger.info("concurrency limit removed: %s %s (was %d)", scope, name, stored[scope, name])
     for (scope, name), limit in changed:
@@ -176,7 +183,8 @@ def override_limit(
     (``django_pgqueue.limits``, ``INFO``).
 
     Args:
-        scope: ``"queue"`` or ``"job_type"``.
+        scope: ``"queue"``, ``"job_type"`` or ``"key"`` (the limit of each key of a
+            job type).
         name: The queue or job type.
         max_running: An integer from 1 to 1,000,000, or ``None`` to clear the override.
         using: Database alias. Default: ``PGQUEUE["DATABASE"]``.
@@ -228,6 +236,8 @@ def override_limit(
                 "SET override = EXCLUDED.override, updated_at = now()",
                 [scope, name, max_running],
             )
+        if scope == LimitScope.KEY:
+            _release_held(cursor)
         state = next((s for s in limit_states(alias) if (s.scope, s.name) == (scope, name)), None)
     logger.info(
         "concurrency limit override %s: %s %s (enforced: %s)",
@@ -237,3 +247,8 @@ def override_limit(
         "none" if state is None else state.max_running,
     )
     return state
+
+
+def _release_held(cursor: Any) -> None:
+    """Release the held jobs a raised or removed per-key limit leaves room for."""
+    cursor.execute("SELECT pgqueue_release_held_jobs()")

@@ -307,6 +307,12 @@ class Job(JobsDatabaseModel):
             [unique key](../how-to/unique-jobs.md): no two ``pending``, ``claimed`` or
             ``running`` jobs share one (partial unique index
             ``pgqueue_jobs_unique_key_active``). ``NULL`` (the default): no key.
+        concurrency_key (CharField): The job's key under a
+            [per-key concurrency limit](../how-to/per-key-concurrency.md), from
+            ``@job(concurrency_key=...)``. ``NULL`` (the default): no key.
+        held (BooleanField): ``True`` while the job is pending but left out of the claim
+            because its key already has as many due jobs waiting as its limit; it is
+            released, in claim order, as they are claimed. Default ``False``.
 
     Defaults are database defaults, so rows inserted with SQL get them too. See
     [SQL schema](sql.md#the-pgqueue_jobs-table) for the column types and lengths, the
@@ -348,6 +354,12 @@ class Job(JobsDatabaseModel):
     unique_key = models.CharField(  # noqa: DJ001  (NULL, not "", means "no key")
         max_length=schema.UNIQUE_KEY_MAX_LENGTH, null=True, blank=True
     )
+    #: The key of a per-key concurrency limit (``@job(concurrency_key=...)``); NULL: none.
+    concurrency_key = models.CharField(  # noqa: DJ001  (NULL, not "", means "no key")
+        max_length=schema.CONCURRENCY_KEY_MAX_LENGTH, null=True, blank=True
+    )
+    #: Pending, but left out of the claim until its key has room (sql/key_limits_v1.sql).
+    held = models.BooleanField(db_default=False)
 
     objects: ClassVar[JobManager[Self]] = JobManager()
 
@@ -363,7 +375,20 @@ class Job(JobsDatabaseModel):
             models.Index(
                 fields=[*CLAIM_INDEX_FIELDS, "queue", "job_type"],
                 name="idx_jobs_claimable",
-                condition=Q(status=JobStatus.PENDING.value),  # CLAIMABLE, its one state
+                # CLAIMABLE, its one state, without the jobs held back by a key's limit.
+                condition=Q(status=JobStatus.PENDING.value, held=False),
+            ),
+            # Per-key limits: a key's visible and held pending jobs, in claim order ...
+            models.Index(
+                fields=["job_type", "concurrency_key", "held", *CLAIM_INDEX_FIELDS],
+                name="idx_jobs_keyed",
+                condition=Q(status=JobStatus.PENDING.value, concurrency_key__isnull=False),
+            ),
+            # ... and its jobs in flight, which the claim counts.
+            models.Index(
+                fields=["job_type", "concurrency_key"],
+                name="idx_jobs_keyed_in_flight",
+                condition=Q(status__in=schema.values(IN_FLIGHT), concurrency_key__isnull=False),
             ),
             models.Index(
                 fields=["worker_id", "heartbeat_at"],
@@ -593,6 +618,8 @@ _NEW_ROW_DEFAULTS: dict[str, Any] = {
     "last_error": "",
     "last_traceback": "",
     "unique_key": None,
+    "concurrency_key": None,
+    "held": False,
 }
 
 
@@ -782,6 +809,8 @@ class QueueState(JobsDatabaseModel):
 class LimitScope(models.TextChoices):
     QUEUE = "queue", _("Queue")
     JOB_TYPE = "job_type", _("Job type")
+    #: Per key of a job type: the row's name is the job type, the limit applies to each key.
+    KEY = "key", _("Each key of a job type")
 
 
 class ConcurrencyLimit(JobsDatabaseModel):

@@ -20,6 +20,9 @@ from .backoff import Backoff
 RetryBackoff = Backoff | Callable[[int], float]
 #: A default unique key: the key itself, or ``callable(data) -> key`` (``None``: no key).
 UniqueKey = str | Callable[[dict[str, Any]], str | None]
+#: The key of a per-key limit: a path into the payload (``"tenant_id"``,
+#: ``"customer.id"``), or ``callable(data) -> str``.
+ConcurrencyKey = str | Callable[[dict[str, Any]], str]
 
 
 #: What ``enqueue`` and ``enqueue_many`` do when an active job holds a unique key:
@@ -129,7 +132,18 @@ class JobOptions(JobDefaults, total=False):
     workers: an integer from 1 to 1,000,000, or ``None`` (the default) for no limit.
     [`PGQUEUE["JOB_TYPE_LIMITS"]`](settings.md#limits) wins over it for the same job
     type. Workers write it to ``pgqueue_limits`` when they start. See
-    [Limit how many jobs run at once](../how-to/concurrency-limits.md)."""
+    [Limit how many jobs run at once](../how-to/concurrency-limits.md). With
+    ``concurrency_key``, the limit applies to each key instead."""
+    concurrency_key: ConcurrencyKey | None
+    """Apply ``concurrency`` to each key of this job type: at most ``concurrency`` jobs of
+    one key claimed or running at once, and keys at their limit never delay the others.
+    A string is a path into the payload (``"tenant_id"``, or ``"customer.id"`` for a
+    nested field) whose value, a string or an integer, is the key; a callable receives
+    the job's ``data`` and returns the key as a string. Computed at every enqueue: a
+    missing field, a callable that raises or returns anything but a non-empty string of
+    at most 255 characters raises ``InvalidJobError`` (``field`` ``"concurrency_key"``).
+    Needs ``concurrency``. See
+    [Limit jobs per key](../how-to/per-key-concurrency.md)."""
 
 
 __all__ = ["EnqueueOptions", "JobDefaults", "JobOptions", "JobSpec"]

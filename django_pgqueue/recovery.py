@@ -1,4 +1,5 @@
-"""Recovery of stale jobs: jobs held by a worker that stopped heartbeating."""
+"""Recovery: jobs held by a worker that stopped heartbeating, and pending jobs held back
+by a per-key limit that nothing released."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from .schema import IN_FLIGHT, JobStatus, literal, status_in
 
 logger = logging.getLogger("django_pgqueue.recovery")
 
-__all__ = ["RecoveredJob", "recover_stale_jobs"]
+__all__ = ["RecoveredJob", "recover_stale_jobs", "release_held_jobs"]
 
 _RECOVER = "SELECT * FROM recover_stale_jobs(%s * interval '1 second')"
 
@@ -88,3 +89,23 @@ def recover_stale_jobs(
                 job.attempts,
             )
     return recovered
+
+
+def release_held_jobs(using: str | None = None) -> int:
+    """Release the held jobs of every key that has room for them; return how many.
+
+    A job of a key at its [per-key limit](../how-to/per-key-concurrency.md) waits
+    ``held``, out of the claim's sight, and is released when a job of its key is
+    claimed. A job enqueued at the very moment its key's last visible job is claimed can
+    miss that release; this sweep catches it, and releases every held job of a job type
+    whose per-key limit was removed. Workers call it with ``recover_stale_jobs()``, every
+    ``PGQUEUE["RECOVER_INTERVAL"]`` seconds, and so does the
+    [`pgqueue_recover`](commands.md#pgqueue_recover) command. Safe to run from many
+    processes at once. Calls the SQL function ``pgqueue_release_held_jobs()``.
+    """
+    with connections[conf.jobs_database(using)].cursor() as cursor:
+        cursor.execute("SELECT pgqueue_release_held_jobs()")
+        (released,) = cursor.fetchone()
+    if released:
+        logger.info("released %d held job(s) whose key has room", released)
+    return int(released)

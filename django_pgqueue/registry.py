@@ -20,6 +20,7 @@ from .cron import validate_cron
 from .exceptions import JobRegistrationError, SettingsError, UnknownJobTypeError
 from .options import (
     JOB_KEYS,
+    ConcurrencyKey,
     EnqueueOptions,
     JobOptions,
     OnDuplicate,
@@ -55,6 +56,7 @@ class JobDefinition:
         unique_for: The window in seconds (a ``float``), or ``None``.
         schedule: As given to ``@job`` (normalised), or ``None``.
         concurrency: As given to ``@job``, or ``None``.
+        concurrency_key: As given to ``@job`` (a payload path or a callable), or ``None``.
     """
 
     def __init__(
@@ -72,6 +74,7 @@ class JobDefinition:
         unique_for: float | None = None,
         schedule: str | None = None,
         concurrency: int | None = None,
+        concurrency_key: ConcurrencyKey | None = None,
     ) -> None:
         self.func = func
         self.job_type = job_type
@@ -89,6 +92,8 @@ class JobDefinition:
         self.schedule = schedule
         #: At most this many jobs of this type claimed or running at once, cluster-wide.
         self.concurrency = concurrency
+        #: With it, ``concurrency`` applies to each key: a payload path or ``callable(data)``.
+        self.concurrency_key = concurrency_key
         functools.update_wrapper(self, func)
 
     def __call__(self, job: Job) -> Any:
@@ -254,6 +259,25 @@ def _check_concurrency(value: Any) -> None:
         ) from None
 
 
+def _check_concurrency_key(value: Any, concurrency: Any) -> None:
+    if isinstance(value, str):
+        if not value or any(not part for part in value.split(".")):
+            raise JobRegistrationError(
+                f"concurrency_key {value!r} is not a payload path: give a field name such as "
+                "'tenant_id', or dotted names for nested fields ('customer.id')"
+            )
+    elif not callable(value):
+        raise JobRegistrationError(
+            "concurrency_key must be a payload path (a string such as 'tenant_id') or a "
+            f"callable(data) -> str; got {type(value).__name__}"
+        )
+    if concurrency is None:
+        raise JobRegistrationError(
+            "concurrency_key needs concurrency: how many jobs of one key may run at once, "
+            "e.g. @job(concurrency=3, concurrency_key='tenant_id')"
+        )
+
+
 @overload
 def job(job_type: Handler, /) -> JobDefinition: ...
 
@@ -291,8 +315,8 @@ def job(
         **options: The keys of [`JobOptions`][django_pgqueue.options.JobOptions]:
             ``queue``, ``priority``, ``max_attempts`` (defaults of the type's enqueues),
             ``timeout``, ``retry_backoff``, ``atomic`` (default ``True``),
-            ``unique_key``, ``unique_for``, ``schedule``, ``concurrency``. An undeclared
-            keyword raises
+            ``unique_key``, ``unique_for``, ``schedule``, ``concurrency``,
+            ``concurrency_key``. An undeclared keyword raises
             ``TypeError``.
 
     Returns:
@@ -306,9 +330,11 @@ def job(
             ``unique_key`` that is not a valid key.
         JobRegistrationError: At decoration time, when ``retry_backoff`` is neither a
             ``Backoff`` nor a callable, when ``unique_key`` is neither a string nor a
-            callable, when ``concurrency`` is invalid, when the decorated object is not
-            callable or a worker could not run it (an ``async def`` or generator function,
-            or one that does not take the job as its one positional argument), or when
+            callable, when ``concurrency`` is invalid, when ``concurrency_key`` is
+            neither a payload path nor a callable or comes without ``concurrency``, when
+            the decorated object is not callable or a worker could not run it (an
+            ``async def`` or generator function, or one that does not take the job as
+            its one positional argument), or when
             the job type is already registered to a different function
             (registering the same function again, as a module reload does, is allowed),
             or starts with ``task:``, the prefix reserved for
@@ -325,6 +351,7 @@ def job(
     unique_for = options.get("unique_for")
     schedule = options.get("schedule")
     concurrency = options.get("concurrency")
+    concurrency_key = options.get("concurrency_key")
     if callable(job_type):
         return job()(job_type)
     if job_type is not None:
@@ -356,6 +383,8 @@ def job(
     )
     if concurrency is not None:
         _check_concurrency(concurrency)
+    if concurrency_key is not None:
+        _check_concurrency_key(concurrency_key, concurrency)
     if schedule is not None:
         schedule = validate_cron(schedule)
 
@@ -378,6 +407,7 @@ def job(
                 unique_for=unique_for_seconds,
                 schedule=schedule,
                 concurrency=concurrency,
+                concurrency_key=concurrency_key,
             )
         )
 

@@ -50,13 +50,19 @@ HOUR_SECONDS = 3600
 # The database's time at each statement (see the module docstring).
 _NOW = "statement_timestamp()"
 
+# Pending jobs are read from two partial indexes: the claimable ones, and the ones held
+# back by a per-key limit (which always have a key).
 _PENDING = f"""
 SELECT queue,
        count(*) FILTER (WHERE {DUE}),
        count(*) FILTER (WHERE {NOT_YET_DUE}),
        EXTRACT(EPOCH FROM {_NOW} - min(run_at) FILTER (WHERE {DUE}))::float8
-  FROM pgqueue_jobs
- WHERE {status_in(JobStatus.PENDING)}
+  FROM (
+    SELECT queue, run_at FROM pgqueue_jobs WHERE {status_in(JobStatus.PENDING)} AND NOT held
+    UNION ALL
+    SELECT queue, run_at FROM pgqueue_jobs
+     WHERE {status_in(JobStatus.PENDING)} AND held AND concurrency_key IS NOT NULL
+  ) AS pending
  GROUP BY queue
 """
 

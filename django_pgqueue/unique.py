@@ -54,7 +54,7 @@ _INSERT_ONE_UNIQUE = f"""
 WITH inserted AS (
     INSERT INTO pgqueue_jobs ({COLUMNS}, unique_key)
     VALUES (%s, %s, %s, %s, %s::jsonb,
-            COALESCE(%s::timestamptz, now() + %s * interval '1 second'), %s, %s)
+            COALESCE(%s::timestamptz, now() + %s * interval '1 second'), %s, %s, %s)
     {_ON_CONFLICT}
     RETURNING *
 ), existing AS (
@@ -79,7 +79,7 @@ WITH recent AS (
 ), inserted AS (
     INSERT INTO pgqueue_jobs ({COLUMNS}, unique_key)
     SELECT %s, %s, %s, %s, %s::jsonb,
-           COALESCE(%s::timestamptz, now() + %s * interval '1 second'), %s, %s
+           COALESCE(%s::timestamptz, now() + %s * interval '1 second'), %s, %s, %s
      WHERE NOT EXISTS (SELECT FROM recent)
     {_ON_CONFLICT}
     RETURNING *
@@ -104,12 +104,13 @@ WITH inserted AS (
     INSERT INTO pgqueue_jobs ({COLUMNS}, unique_key, created_at)
     SELECT t.id, t.job_type, t.queue, t.priority, t.data::jsonb,
            COALESCE(t.run_at, now() + t.delay * interval '1 second'), t.max_attempts,
-           t.unique_key, (SELECT clock_timestamp()) + t.position * interval '1 microsecond'
+           t.concurrency_key, t.unique_key,
+           (SELECT clock_timestamp()) + t.position * interval '1 microsecond'
       FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::int[], %s::text[],
-                  %s::timestamptz[], %s::float8[], %s::int[], %s::text[])
+                  %s::timestamptz[], %s::float8[], %s::int[], %s::text[], %s::text[])
            WITH ORDINALITY
-           AS t(id, job_type, queue, priority, data, run_at, delay, max_attempts, unique_key,
-                position)
+           AS t(id, job_type, queue, priority, data, run_at, delay, max_attempts,
+                concurrency_key, unique_key, position)
      ORDER BY t.unique_key
     {_ON_CONFLICT}
     RETURNING *
@@ -144,10 +145,11 @@ _INSERT_MANY_UNIQUE_WINDOW = f"""
 WITH t AS (
     SELECT *
       FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::int[], %s::text[],
-                  %s::timestamptz[], %s::float8[], %s::int[], %s::text[], %s::float8[])
+                  %s::timestamptz[], %s::float8[], %s::int[], %s::text[], %s::text[],
+                  %s::float8[])
            WITH ORDINALITY
-           AS t(id, job_type, queue, priority, data, run_at, delay, max_attempts, unique_key,
-                unique_for, position)
+           AS t(id, job_type, queue, priority, data, run_at, delay, max_attempts,
+                concurrency_key, unique_key, unique_for, position)
 ), recent AS (
     SELECT DISTINCT ON (jobs.unique_key) jobs.*
       FROM pgqueue_jobs AS jobs JOIN t ON jobs.unique_key = t.unique_key
@@ -159,7 +161,8 @@ WITH t AS (
     INSERT INTO pgqueue_jobs ({COLUMNS}, unique_key, created_at)
     SELECT t.id, t.job_type, t.queue, t.priority, t.data::jsonb,
            COALESCE(t.run_at, now() + t.delay * interval '1 second'), t.max_attempts,
-           t.unique_key, (SELECT clock_timestamp()) + t.position * interval '1 microsecond'
+           t.concurrency_key, t.unique_key,
+           (SELECT clock_timestamp()) + t.position * interval '1 microsecond'
       FROM t
      WHERE t.unique_key IS NULL OR t.unique_key NOT IN (SELECT unique_key FROM recent)
      ORDER BY t.unique_key

@@ -88,14 +88,24 @@ def queue(value: Any, field: str = "queue") -> str:
 
 def unique_key(value: Any, field: str = "unique_key") -> str:
     """A unique key: any text of 1 to ``UNIQUE_KEY_MAX_LENGTH`` characters, no NUL."""
+    return _key(value, field, schema.UNIQUE_KEY_MAX_LENGTH, "; pass None for no key")
+
+
+def concurrency_key(value: Any, field: str = "concurrency_key") -> str:
+    """A key of a per-key concurrency limit: text of 1 to ``CONCURRENCY_KEY_MAX_LENGTH``
+    characters, no NUL."""
+    return _key(value, field, schema.CONCURRENCY_KEY_MAX_LENGTH, "")
+
+
+def _key(value: Any, field: str, max_length: int, empty_hint: str) -> str:
     if not isinstance(value, str):
         raise InvalidJobError(field, f"must be a string, got {type(value).__name__}")
     if not value:
-        raise InvalidJobError(field, "must not be empty; pass None for no key")
-    if len(value) > schema.UNIQUE_KEY_MAX_LENGTH:
+        raise InvalidJobError(field, f"must not be empty{empty_hint}")
+    if len(value) > max_length:
         raise InvalidJobError(
             field,
-            f"must be at most {schema.UNIQUE_KEY_MAX_LENGTH} characters, got {len(value)}; "
+            f"must be at most {max_length} characters, got {len(value)}; "
             "hash long parts of the key (e.g. hashlib.sha256(...).hexdigest())",
         )
     if "\x00" in value:

@@ -96,7 +96,7 @@ def test_a_declared_limit_removed_from_the_code_leaves_its_override(pgqueue_sett
 @pytest.mark.parametrize(
     ("arguments", "field", "message"),
     [
-        (("tenant", "acme", 2), "scope", "must be one of 'queue', 'job_type', got 'tenant'"),
+        (("tenant", "acme", 2), "scope", "must be one of 'queue', 'job_type', 'key', got 'tenant'"),
         (("queue", "has space", 2), "name", "name"),
         (("job_type", "", 2), "name", "name"),
         (("queue", "video", 0), "max_running", "must be an integer from 1 to 1000000"),

@@ -189,7 +189,7 @@ def test_snapshot_as_dict_is_plain_json_data(make_job):
 @pytest.mark.parametrize(
     ("query", "indexes"),
     [
-        ("_PENDING", ["idx_jobs_claimable"]),
+        ("_PENDING", ["idx_jobs_claimable", "idx_jobs_keyed"]),
         ("_IN_FLIGHT", ["idx_jobs_worker"]),
         ("_FINISHED_RECENTLY", ["idx_jobs_finished"]),
         ("_WAITS", ["idx_jobs_finished", "idx_jobs_worker"]),

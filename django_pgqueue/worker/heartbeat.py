@@ -17,7 +17,7 @@ from django.utils import timezone
 from ..exceptions import PgQueueError
 from ..periodic import enqueue_due_ticks, next_tick
 from ..pruning import prune_by_settings
-from ..recovery import recover_stale_jobs
+from ..recovery import recover_stale_jobs, release_held_jobs
 from . import queries
 from .execution import RunningJob
 
@@ -72,6 +72,7 @@ class Heartbeat(threading.Thread):
             if time.monotonic() >= next_recovery:
                 next_recovery = time.monotonic() + self._recover_interval
                 recover_stale_jobs(self._stale_after, using=self._alias)
+                release_held_jobs(using=self._alias)
                 with connections[self._alias].cursor() as cursor:
                     cursor.execute(queries.FORGET_OLD_WORKERS)
             # Bounded in time so that heartbeats stay on schedule; a backlog of

@@ -1,5 +1,6 @@
 """Handlers the test suite enqueues; discovered through autodiscovery of ``jobs`` modules."""
 
+import os
 import time
 
 from asgiref.sync import sync_to_async
@@ -141,3 +142,9 @@ ECHOED: dict[str, dict] = {}
 def echo(job):
     """Keep what the handler was given, for tests of what round-trips through a worker."""
     ECHOED[str(job.id)] = {"data": job.data, "run_at": job.run_at, "queue": job.queue}
+
+
+# A job type with a per-key limit declares it to every worker: only the tests of per-key
+# limits register it (and worker processes they start, through the environment).
+if os.environ.get("PGQUEUE_TEST_KEYED_JOBS"):
+    from . import keyed_jobs  # noqa: F401

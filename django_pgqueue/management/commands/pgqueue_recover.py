@@ -7,13 +7,14 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_pgqueue.exceptions import PgQueueError
-from django_pgqueue.recovery import recover_stale_jobs
+from django_pgqueue.recovery import recover_stale_jobs, release_held_jobs
 
 
 class Command(BaseCommand):
     help = (
         "Recover claimed or running jobs whose worker stopped heartbeating: back to "
-        "pending, or failed when their attempts are spent. Workers also do this "
+        "pending, or failed when their attempts are spent; then release the jobs held "
+        "by a per-key limit whose key has room. Workers also do this "
         "periodically; run it by hand or from cron when no worker is running."
     )
 
@@ -43,3 +44,6 @@ class Command(BaseCommand):
                 f"-> {job.new_status} (attempts {job.attempts})"
             )
         self.stdout.write(f"{verb} {len(jobs)} stale job(s)")
+        if not options["dry_run"]:
+            released = release_held_jobs()
+            self.stdout.write(f"released {released} held job(s) whose key has room")

@@ -1,0 +1,417 @@
+"""Per-key concurrency limits: ``@job(concurrency=N, concurrency_key=...)``.
+
+What users see: the key each job gets (or a clear error at enqueue), at most N jobs of a
+key claimed or running at once, keys at their limit never in the way of other keys (a
+key's backlog beyond its limit is ``held``, out of the claim's sight), and held jobs
+released as their key gets room, also after a missed release and under several
+claimers and worker processes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import signal
+import threading
+from collections import defaultdict
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.utils import timezone
+
+from django_pgqueue import enqueue, enqueue_many, job, registry, stats
+from django_pgqueue.exceptions import InvalidJobError, JobRegistrationError
+from django_pgqueue.limits import declared_limits, override_limit, sync_declared_limits
+from django_pgqueue.models import Job, JobStatus
+from django_pgqueue.recovery import release_held_jobs
+from tests.test_limits import claim, claim_all, most_at_once
+from tests.testapp import keyed_jobs
+from tests.testapp.models import Execution
+from tests.workers import WorkerProcess, wait_for
+
+TENANT_JOB = "tests.per_tenant"
+
+
+@pytest.fixture
+def per_tenant() -> Iterator[Any]:
+    """``tests.per_tenant`` (one job per ``data['tenant']`` at once) registered, its
+    limit written to ``pgqueue_limits`` as a worker starting would."""
+    registry.register(keyed_jobs.per_tenant)
+    sync_declared_limits()
+    yield keyed_jobs.per_tenant
+    registry.unregister(TENANT_JOB)
+
+
+def tenant_jobs(*tenants: str, sleep: float = 0) -> list[Job]:
+    """A job of ``tests.per_tenant`` for each tenant, in one ``enqueue_many``; each
+    sleeps ``sleep`` seconds when it runs."""
+    return enqueue_many(
+        [{"job_type": TENANT_JOB, "data": {"tenant": t, "sleep": sleep}} for t in tenants]
+    )
+
+
+def held_ids() -> set[Any]:
+    return set(Job.objects.filter(status=JobStatus.PENDING, held=True).values_list("id", flat=True))
+
+
+# -- Declaring a per-key limit ------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_limit_is_declared_per_key_not_for_the_job_type(per_tenant):
+    assert declared_limits()[("key", TENANT_JOB)] == 1
+    assert ("job_type", TENANT_JOB) not in declared_limits()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"concurrency_key": "tenant"}, "concurrency_key needs concurrency"),
+        ({"concurrency": 2, "concurrency_key": 42}, "must be a payload path"),
+        ({"concurrency": 2, "concurrency_key": ""}, "'' is not a payload path"),
+        ({"concurrency": 2, "concurrency_key": "customer..id"}, "is not a payload path"),
+        ({"concurrency": 0, "concurrency_key": "tenant"}, "must be an integer from 1"),
+    ],
+)
+def test_malformed_per_key_limits_are_refused_at_registration(clean_registry, options, message):
+    with pytest.raises(JobRegistrationError, match=message):
+
+        @job("tests.keyed_bad", **options)
+        def handler(job: Job) -> None: ...
+
+    assert "tests.keyed_bad" not in registry.registered_job_types()
+
+
+# -- The key of each job ------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_each_job_gets_its_key_from_the_payload_path_or_the_function(clean_registry):
+    @job("tests.keyed_path", concurrency=2, concurrency_key="customer.id")
+    def by_path(job: Job) -> None: ...
+
+    @job("tests.keyed_func", concurrency=2, concurrency_key=lambda data: f"shop-{data['shop']}")
+    def by_function(job: Job) -> None: ...
+
+    nested = by_path.enqueue({"customer": {"id": 42}})
+    computed = enqueue_many([{"job_type": "tests.keyed_func", "data": {"shop": "a\tb\\c\nd"}}])[0]
+    plain = enqueue("tests.noop")
+
+    stored = dict(Job.objects.values_list("id", "concurrency_key"))
+    assert nested.concurrency_key == stored[nested.id] == "42"
+    assert computed.concurrency_key == stored[computed.id] == "shop-a\tb\\c\nd"
+    assert plain.concurrency_key is None and stored[plain.id] is None
+
+
+@pytest.mark.django_db
+def test_a_unique_job_gets_its_key_too(per_tenant):
+    first = enqueue(TENANT_JOB, {"tenant": "a"}, unique_key="report-1")
+    again = enqueue_many([{"job_type": TENANT_JOB, "data": {"tenant": "a"}, "unique_key": "r2"}])
+
+    assert Job.objects.get(pk=first.pk).concurrency_key == "a"
+    assert Job.objects.get(pk=again[0].pk).concurrency_key == "a"
+    assert again[0].held  # the key already has its one visible job
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("key", "data", "message"),
+    [
+        ("tenant", {"other": 1}, "takes its concurrency key from data field 'tenant'"),
+        ("tenant", None, "takes its concurrency key from data field 'tenant'"),
+        ("customer.id", {"customer": 7}, "from data field 'customer.id'"),
+        ("tenant", {"tenant": ["a"]}, "must be a string or an integer, got list"),
+        ("tenant", {"tenant": True}, "must be a string or an integer, got bool"),
+        ("tenant", {"tenant": None}, "must be a string or an integer, got NoneType"),
+        ("tenant", {"tenant": ""}, "must not be empty"),
+        ("tenant", {"tenant": "x" * 256}, "must be at most 255 characters, got 256"),
+        (lambda data: data["tenant"], {}, "function of job type 'tests.keyed' raised KeyError"),
+        (lambda data: 42, {}, "function of job type 'tests.keyed' returned int"),
+        (lambda data: None, {}, "returned NoneType; it must return a string"),
+    ],
+)
+def test_a_bad_key_is_refused_at_enqueue_and_nothing_is_written(clean_registry, key, data, message):
+    @job("tests.keyed", concurrency=1, concurrency_key=key)
+    def keyed(job: Job) -> None: ...
+
+    with pytest.raises(InvalidJobError, match=message) as single:
+        enqueue("tests.keyed", data)
+    with pytest.raises(InvalidJobError, match=message) as batch:
+        enqueue_many(
+            [{"job_type": "tests.noop"}] * 1500 + [{"job_type": "tests.keyed", "data": data}]
+        )
+
+    assert single.value.field == "concurrency_key"
+    assert batch.value.field == "specs[1500].concurrency_key"
+    assert not Job.objects.exists()
+
+
+# -- Held jobs and the claim --------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_key_shows_the_claim_as_many_due_jobs_as_its_limit_and_holds_the_rest(per_tenant):
+    jobs = tenant_jobs("a", "a", "a", "b", "a")
+
+    assert [job.held for job in jobs] == [False, True, True, False, True]
+    assert held_ids() == {jobs[1].id, jobs[2].id, jobs[4].id}
+    single = enqueue(TENANT_JOB, {"tenant": "b"})
+    assert single.held and Job.objects.get(pk=single.pk).held
+
+
+@pytest.mark.django_db
+def test_the_claim_takes_one_job_per_key_and_the_next_when_the_first_finished(per_tenant):
+    a1, a2, a3, b1 = tenant_jobs("a", "a", "a", "b")
+
+    assert set(claim_all()) == {a1.id, b1.id}
+    # Claiming a1 released a2, but the key is full until a1 finishes.
+    assert held_ids() == {a3.id}
+    assert claim() == []
+
+    Job.objects.filter(pk=a1.pk).update(status=JobStatus.COMPLETED)
+
+    assert claim() == [a2.id]
+    assert held_ids() == set()
+
+
+@pytest.mark.django_db
+def test_a_key_at_its_limit_never_delays_another_key(per_tenant):
+    backlog = enqueue_many(
+        [{"job_type": TENANT_JOB, "data": {"tenant": "big"}, "priority": 900}] * 2000
+    )
+    assert claim(batch_size=1) == [backlog[0].id]
+    small = enqueue(TENANT_JOB, {"tenant": "small"}, priority=0)
+
+    # The big tenant's backlog is held: the claim sees one of its jobs, not 1,999.
+    assert Job.objects.filter(concurrency_key="big", status="pending", held=False).count() == 1
+    assert claim(batch_size=1) == [small.id]
+
+
+@pytest.mark.django_db
+def test_held_jobs_count_as_pending_in_the_queue_statistics(per_tenant):
+    tenant_jobs("a", "a", "a", "b")
+
+    (default,) = [queue for queue in stats.snapshot().queues if queue.name == "default"]
+
+    assert default.pending == 4
+
+
+@pytest.mark.django_db
+def test_a_job_scheduled_for_later_is_never_held_and_never_blocks_a_due_one(per_tenant):
+    later = enqueue(TENANT_JOB, {"tenant": "a"}, delay=3600)
+    due = enqueue(TENANT_JOB, {"tenant": "a"})
+
+    assert not later.held and not due.held
+    assert claim() == [due.id]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("how", ["cancel", "delete"])
+def test_cancelling_or_deleting_a_visible_job_releases_the_next(per_tenant, how):
+    first, second, third = tenant_jobs("a", "a", "a")
+
+    pending = Job.objects.filter(pk=first.pk)
+    if how == "cancel":
+        pending.cancel()
+    else:
+        pending.delete()
+
+    assert held_ids() == {third.id}
+    assert claim() == [second.id]
+
+
+@pytest.mark.django_db
+def test_a_cancelled_held_job_retried_is_admitted_again(per_tenant):
+    first, second = tenant_jobs("a", "a")
+    Job.objects.filter(pk=second.pk).cancel()
+    assert not Job.objects.get(pk=second.pk).held  # cancelled: held no more
+
+    Job.objects.filter(pk=second.pk).retry()
+
+    assert held_ids() == {second.id}  # first is still the key's visible job
+    assert claim() == [first.id]
+
+
+@pytest.mark.django_db
+def test_a_failed_attempt_back_to_pending_is_admitted_again(per_tenant):
+    first, second = tenant_jobs("a", "a")
+    assert claim() == [first.id]  # releases second
+
+    Job.objects.filter(pk=first.pk).update(status=JobStatus.PENDING)
+
+    assert held_ids() == {first.id}  # second already shows the key to the claim
+
+
+# -- Releasing held jobs ------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_raising_the_limit_releases_held_jobs_at_once(per_tenant):
+    jobs = tenant_jobs("a", "a", "a", "a")
+
+    override_limit("key", TENANT_JOB, 3)
+
+    assert held_ids() == {jobs[3].id}
+    assert set(claim_all()) == {job.id for job in jobs[:3]}
+
+
+@pytest.mark.django_db
+def test_removing_the_limit_releases_every_held_job(per_tenant):
+    jobs = tenant_jobs("a", "a", "a")
+    registry.unregister(TENANT_JOB)
+
+    sync_declared_limits()
+
+    assert held_ids() == set()
+    assert set(claim_all()) == {job.id for job in jobs}
+
+
+@pytest.mark.django_db
+def test_the_sweep_releases_a_job_whose_release_was_missed(per_tenant):
+    # An enqueue racing the claim of its key's last visible job can be held with no
+    # visible job left to release it; here, made by hand.
+    (lost,) = tenant_jobs("a")
+    Job.objects.filter(pk=lost.pk).update(held=True)
+    assert claim() == []
+
+    assert release_held_jobs() == 1
+    assert claim() == [lost.id]
+    assert release_held_jobs() == 0
+
+
+@pytest.mark.django_db
+def test_the_recover_command_releases_missed_jobs_too(per_tenant):
+    (lost,) = tenant_jobs("a")
+    Job.objects.filter(pk=lost.pk).update(held=True)
+    out = io.StringIO()
+
+    call_command("pgqueue_recover", stdout=out)
+
+    assert "released 1 held job(s) whose key has room" in out.getvalue()
+    assert held_ids() == set()
+
+
+# -- Several claimers, several worker processes -------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_claimers_never_take_two_jobs_of_one_key(per_tenant):
+    tenant_jobs(*["a", "b", "c"] * 6)
+    override_limit("key", TENANT_JOB, 2)
+    claimers = 8
+    barrier = threading.Barrier(claimers)
+    errors: list[BaseException] = []
+
+    def claimer() -> None:
+        conn = connection.get_new_connection(connection.get_connection_params())
+        conn.autocommit = True
+        try:
+            with conn.transaction():
+                barrier.wait(timeout=10)
+                claim(batch_size=3, conn=conn)
+                threading.Event().wait(0.2)  # hold the claim: room must not be seen twice
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=claimer) for _ in range(claimers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+
+    assert not errors
+    in_flight = Job.objects.filter(status=JobStatus.CLAIMED)
+    keys = list(in_flight.values_list("concurrency_key", flat=True))
+    assert keys and all(keys.count(key) <= 2 for key in "abc")
+    # Claiming on until nothing comes fills each key to its limit, never past it.
+    claim_all()
+    keys = list(in_flight.values_list("concurrency_key", flat=True))
+    assert sorted(keys) == ["a", "a", "b", "b", "c", "c"]
+
+
+def runs_by_key() -> dict[str, list[tuple[Any, Any]]]:
+    keys = dict(Job.objects.values_list("id", "concurrency_key"))
+    runs: dict[str, list[tuple[Any, Any]]] = defaultdict(list)
+    for job_id, started, finished in Execution.objects.values_list(
+        "job_id", "started_at", "finished_at"
+    ):
+        runs[keys[job_id]].append((started, finished))
+    return runs
+
+
+def keyed_worker(worker_id: str) -> WorkerProcess:
+    return WorkerProcess(
+        "--concurrency",
+        "4",
+        "--poll-interval",
+        "0.2",
+        "--worker-id",
+        worker_id,
+        env={
+            "PGQUEUE_TEST_KEYED_JOBS": "1",
+            # Recovery of a killed worker's job within seconds; a slow but live worker
+            # keeps beating well inside STALE_AFTER.
+            "PGQUEUE_TEST_SETTINGS": json.dumps(
+                {"HEARTBEAT_INTERVAL": 0.5, "STALE_AFTER": 8, "RECOVER_INTERVAL": 1}
+            ),
+        },
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_worker_processes_run_one_job_per_key_at_once_and_keys_in_parallel(per_tenant):
+    jobs = tenant_jobs(*["a", "b", "c", "d"] * 6, sleep=0.05)
+    workers = [keyed_worker(f"w{i}") for i in range(3)]
+    try:
+        wait_for(
+            lambda: Job.objects.filter(status=JobStatus.COMPLETED).count() == len(jobs),
+            timeout=90,
+        )
+    finally:
+        for worker in workers:
+            worker.stop()
+
+    runs = runs_by_key()
+    assert sorted(runs) == ["a", "b", "c", "d"]
+    assert all(len(intervals) == 6 for intervals in runs.values())  # each job ran once
+    assert all(most_at_once(intervals) == 1 for intervals in runs.values())
+    assert most_at_once([run for intervals in runs.values() for run in intervals]) > 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_killed_workers_key_is_freed_by_recovery_and_never_runs_twice_at_once(per_tenant):
+    # A long job of key "a" is claimed by the worker that is then killed; the key stays
+    # full (its job is still "running") until recovery gives the job back.
+    slow = enqueue(TENANT_JOB, {"tenant": "a", "sleep": 30})
+    rest = tenant_jobs(*["a", "b"] * 4, sleep=0.05)
+    victim = keyed_worker("victim")
+    try:
+        wait_for(lambda: Job.objects.filter(pk=slow.pk, status=JobStatus.RUNNING).exists())
+        victim.signal(signal.SIGKILL)
+        victim.wait()
+    finally:
+        victim.stop()
+    # Its next run is short (its key stays "a": keys are computed at enqueue).
+    Job.objects.filter(pk=slow.pk).update(data={"tenant": "a", "sleep": 0.05})
+    survivor = keyed_worker("survivor")
+    try:
+        wait_for(
+            lambda: Job.objects.filter(status=JobStatus.COMPLETED).count() == 1 + len(rest),
+            timeout=90,
+        )
+    finally:
+        survivor.stop()
+
+    runs = runs_by_key()
+    assert len(runs["a"]) == 5 and len(runs["b"]) == 4
+    assert all(most_at_once(intervals) == 1 for intervals in runs.values())
+    assert Job.objects.get(pk=slow.pk).worker_ids == ["victim", "survivor"]
+    # Recovery, not a release by hand, freed the key: nothing is left held.
+    assert held_ids() == set()
+    assert timezone.now() - Job.objects.get(pk=slow.pk).completed_at < timedelta(minutes=2)
