@@ -509,6 +509,20 @@ def test_job_page_shows_how_many_times_the_job_snoozed(client, operator, make_jo
     assert re.search(r"<label>Snoozes:</label>\s*<div class=\"readonly\">7</div>", content)
 
 
+def test_job_page_shows_the_concurrency_key_and_whether_the_job_is_held(client, operator, make_job):
+    job = make_job(status="pending", concurrency_key="customer-42")
+    Job.objects.filter(pk=job.pk).update(held=True)  # as a key at its limit holds it
+
+    content = client.get(change_url(job)).content.decode()
+
+    assert re.search(
+        r"<label>Concurrency key:</label>\s*<div class=\"readonly\">customer-42</div>", content
+    )
+    assert re.search(
+        r"<label>Held:</label>\s*<div class=\"readonly\"><img [^>]*alt=\"True\"", content
+    )
+
+
 def test_job_page_shows_the_newest_progress_events_oldest_first(client, operator, make_job):
     job = make_job(status="running", worker_id="w", events_count=HISTORY_SHOWN + 5)
     JobEvent.objects.bulk_create(

@@ -244,6 +244,7 @@ def test_a_failed_attempt_back_to_pending_is_admitted_again(per_tenant):
     Job.objects.filter(pk=first.pk).update(status=JobStatus.PENDING)
 
     assert held_ids() == {first.id}  # second already shows the key to the claim
+    assert claim() == [second.id]
 
 
 # -- Releasing held jobs ------------------------------------------------------------------

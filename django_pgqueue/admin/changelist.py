@@ -120,6 +120,8 @@ class JobAdmin(JobCells, JobActions, LiveView, QueueOverview):
                     "queue",
                     "priority",
                     "unique_key",
+                    "concurrency_key",
+                    "held",
                     "status_badge",
                     "progress_bar",
                     "stage",
