@@ -31,6 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CPU_JOB_SECONDS = 0.001
 #: Every tenth job of W6 fails its first attempt.
 FAIL_EVERY = 10
+#: W9's keys: job ``i`` has key ``i % W9_KEYS``, each key limited to one job at a time.
+W9_KEYS = 1000
 #: How long a worker may take to become ready, and a drain to finish, before the run
 #: is given up.
 READY_TIMEOUT = 60.0
@@ -270,7 +272,7 @@ def harness_parser(description: str, extra: Sequence[str] = ()) -> argparse.Argu
     p = sub.add_parser("drain", help="enqueue (untimed), then time workers draining the queue")
     p.add_argument("--jobs", type=int, required=True)
     p.add_argument("--layout", default="1x4", help="PROCESSESxSLOTS")
-    p.add_argument("--kind", choices=["noop", "cpu_flaky"], default="noop")
+    p.add_argument("--kind", choices=["noop", "cpu_flaky", "keyed"], default="noop")
     p.add_argument(
         "--keep",
         action="store_true",

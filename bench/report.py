@@ -173,6 +173,7 @@ def targets(results: Results, ours: str = "pgqueue") -> list[Target]:
     w4 = results.find(ours, "W4-p50")
     w5 = results.find(ours, "W5", variant)
     slowdown = _ratio(w3, w5.median if w5 else None)
+    w9 = results.find(ours, "W9", variant)
     peer_label = f"{best_peer.system} {best_peer.variant}" if best_peer else "no peer measured"
     return [
         Target("W3 drain", w3, 10_000, unit="jobs/s", detail=f"best layout: {variant or '-'}"),
@@ -208,6 +209,13 @@ def targets(results: Results, ours: str = "pgqueue") -> list[Target]:
             slowdown,
             1.2,
             False,
+            unit="x",
+            detail=f"layout {variant or '-'}",
+        ),
+        Target(
+            "W9 one job per key at once, vs W3",
+            _ratio(w9.median if w9 else None, w3),
+            0.5,
             unit="x",
             detail=f"layout {variant or '-'}",
         ),
@@ -322,8 +330,8 @@ def markdown(results: Results) -> str:
         "## Draining (4 worker slots in total)",
         "",
         "| System | Slots | W3 drain (jobs/s) | W5 after finished rows (jobs/s) | W5 slowdown "
-        "| W6 mixed (jobs/s) |",
-        "|---|---|---|---|---|---|",
+        "| W6 mixed (jobs/s) | W9 one per key (jobs/s) | W9 / W3 |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for system in results.systems:
         if system.status != "ok" or system.name == "reference":
@@ -338,6 +346,8 @@ def markdown(results: Results) -> str:
                 _cell(results, system.name, "W5", variant, "jobs/s"),
                 "-" if slowdown is None else f"{slowdown:.2f}x",
                 _cell(results, system.name, "W6", variant, "jobs/s"),
+                _cell(results, system.name, "W9", variant, "jobs/s"),
+                _ratio_cell(results, system.name, ("W9", "W3"), variant),
             ]
             out.append(f"| {_system_label(results, system.name)} | " + " | ".join(cells) + " |")
     out += ["", "## Notes", ""]
@@ -347,6 +357,13 @@ def markdown(results: Results) -> str:
     for note in meta.get("notes", []):
         out.append(f"- {note}")
     return "\n".join(out) + "\n"
+
+
+def _ratio_cell(results: Results, system: str, workloads: tuple[str, str], variant: str) -> str:
+    """The ratio of two workloads' medians, or ``-``."""
+    upper, lower = (results.find(system, workload, variant) for workload in workloads)
+    ratio = _ratio(upper.median if upper else None, lower.median if lower else None)
+    return "-" if ratio is None else f"{ratio:.2f}x"
 
 
 def _cell(results: Results, system: str, workload: str, variant: str, unit: str) -> str:

@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import baseline, report  # noqa: E402
+from bench.common import W9_KEYS  # noqa: E402
 from bench.report import Figure, Results, SystemInfo  # noqa: E402
 
 #: Durable settings for the benchmark's own server: never the test tuning. Checkpoints
@@ -85,18 +86,25 @@ class Sizes:
     #: number in every run (flagged in the report). None: always the nominal size.
     budget: float | None
     #: Drains run in every layout of a system; the others in its first layout only.
-    every_layout: tuple[str, ...] = ("W3", "W5", "W6")
+    every_layout: tuple[str, ...] = ("W3", "W5", "W6", "W9")
+    #: W9: jobs over ``W9_KEYS`` keys, each key limited to one job at a time.
+    w9: int = 20_000
 
     def describe(self) -> str:
         return (
             f"W1 {self.w1:,} jobs, W2 {self.w2:,}, W3 {self.w3:,}, W4 {self.w4} samples, "
-            f"W5 {self.w5_rows:,} finished rows, W6 {self.w6:,}"
+            f"W5 {self.w5_rows:,} finished rows, W6 {self.w6:,}, W9 {self.w9:,} over "
+            f"{W9_KEYS:,} keys"
         )
 
 
 FULL = Sizes(10_000, 50_000, 20_000, 200, 1_000_000, 3_000, 3, 20.0)
-QUICK = Sizes(2_000, 10_000, 5_000, 50, 100_000, 1_000, 1, None)
-SMOKE = Sizes(100, 500, 200, 10, 1_000, 100, 1, None, every_layout=("W3",))
+QUICK = Sizes(2_000, 10_000, 5_000, 50, 100_000, 1_000, 1, None, w9=5_000)
+SMOKE = Sizes(100, 500, 200, 10, 1_000, 100, 1, None, every_layout=("W3",), w9=200)
+
+
+#: Why a peer has no W9 figure: what it offers for "at most one job per key at once".
+NO_PER_KEY_LIMITS = "n/a: no per-key concurrency limit"
 
 
 @dataclass(frozen=True)
@@ -144,6 +152,7 @@ SYSTEMS = [
         ("procrastinate==3.10.0", "psycopg[binary]"),
         "procrastinate",
         {"1x4": "1 process, `concurrency=4` (async tasks)"},
+        unsupported={"W9": "n/a: not measured yet (its `lock` runs one job per key)"},
         notes=(
             "`defer_async` (W1), `batch_defer_async` in chunks of 5,000 (W2), "
             "`run_worker_async(wait=False)` (W3, W5, W6), `RetryStrategy(max_attempts=3)`.",
@@ -156,6 +165,7 @@ SYSTEMS = [
         ("pgqueuer==1.6.0", "asyncpg"),
         "pgqueuer",
         {"1x4": "1 process, `max_concurrent_tasks=4`, `batch_size=2` (async)"},
+        unsupported={"W9": NO_PER_KEY_LIMITS},
         notes=(
             "asyncpg driver; finished jobs leave its queue table for `pgqueuer_log`, so W5's "
             "finished rows go there; W6 uses `DatabaseRetryEntrypointExecutor` with no delay.",
@@ -168,7 +178,7 @@ SYSTEMS = [
         ("django-tasks-db[compat]==0.13.0", "psycopg[binary]"),
         "django-tasks-db",
         {"4x1": "4 `db_worker` processes x 1 task"},
-        unsupported={"W6": "n/a: no retries"},
+        unsupported={"W6": "n/a: no retries", "W9": NO_PER_KEY_LIMITS},
         notes=(
             "Django 5.2 with the django-tasks backport; no bulk enqueue API (W2 is a loop, one "
             "transaction per 5,000); `db_worker` polls (W4 with `--interval 0.1`, not the "
@@ -177,7 +187,7 @@ SYSTEMS = [
     ),
 ]
 PEER_EXTRA_LAYOUT = {"2x2": "2 processes x concurrency 2"}
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6")
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W9")
 ALL_NAMES = [spec.name for spec in SYSTEMS] + ["pgbench"]
 
 
@@ -791,6 +801,8 @@ def baseline_spec(rev: str, venv_dir: Path) -> SystemSpec:
         label=f"django-pgqueue at {commit[:9]}",
         requirements=baseline.requirements(source),
         notes=(f"The package as of {commit[:9]} ({rev}), with this tree's harness.",),
+        # Per-key limits may be newer than the baseline: compare W9 with W3 instead.
+        unsupported={"W9": "n/a: compared with W3 of the same run"},
         harness_path=baseline.harness_path(venv_dir),
     )
 
@@ -880,6 +892,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 bench.latency()
             if "W6" in bench.workloads:
                 bench.drain("W6", sizes.w6, kind="cpu_flaky")
+            if "W9" in bench.workloads:
+                bench.drain("W9", sizes.w9, kind="keyed")
         finally:
             if not args.keep_databases:
                 for system in bench.systems:

@@ -55,14 +55,16 @@ def test_bench_smoke_run_measures_every_workload(tmp_path: Path) -> None:
     drains = [line for line in report.splitlines() if "threads (`--concurrency" in line]
     assert len(drains) == 2, report  # both ways of spending the slots
     for index, line in enumerate(drains):
-        w3, w5, slowdown, w6 = (cell.strip() for cell in line.strip("|").split("|")[2:6])
+        cells = (cell.strip() for cell in line.strip("|").split("|")[2:8])
+        w3, w5, slowdown, w6, w9, w9_ratio = cells
         assert re.fullmatch(r"[\d,.]+", w3), line
-        if index == 0:  # --smoke runs W5 and W6 in the first layout only
+        if index == 0:  # --smoke runs W5, W6 and W9 in the first layout only
             assert re.fullmatch(r"[\d,.]+", w5) and re.fullmatch(r"[\d,.]+", w6), line
             assert re.fullmatch(r"[\d.]+x", slowdown), line
+            assert re.fullmatch(r"[\d,.]+", w9) and re.fullmatch(r"[\d.]+x", w9_ratio), line
     # Every target is judged; the ones needing peers or pgbench say n/a.
     verdicts = re.findall(r"^(PASS|MISS|n/a )\s", result.stdout, re.MULTILINE)
-    assert len(verdicts) == 7, result.stdout[-2000:]
+    assert len(verdicts) == 8, result.stdout[-2000:]
     assert (tmp_path / "results.json").exists()
     assert not (tmp_path / "chart.png").exists()
 
@@ -138,4 +140,4 @@ def test_workloads_can_be_chosen_and_unknown_ones_are_refused() -> None:
     assert run.parse_args(["--workloads", "w1, W3"]).workloads == {"W1", "W3"}
     assert run.parse_args([]).workloads == set(run.WORKLOADS)
     with pytest.raises(SystemExit):
-        run.parse_args(["--workloads", "W9"])
+        run.parse_args(["--workloads", "W7"])

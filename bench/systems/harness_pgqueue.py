@@ -44,13 +44,26 @@ def _truncate() -> None:
     _execute(f"TRUNCATE {TABLE} CASCADE")
 
 
-def enqueue_in_chunks(job_type: str, jobs: int, chunk: int) -> None:
+def enqueue_in_chunks(job_type: str, jobs: int, chunk: int, *, keys: int = 0) -> None:
+    """``jobs`` jobs with data ``{"i": i}``, and ``"key": i % keys`` when ``keys``."""
     from django_pgqueue import enqueue_many
 
     for start in range(0, jobs, chunk):
         enqueue_many(
-            {"job_type": job_type, "data": {"i": i}} for i in range(start, min(start + chunk, jobs))
+            {"job_type": job_type, "data": {"i": i, "key": i % keys} if keys else {"i": i}}
+            for i in range(start, min(start + chunk, jobs))
         )
+
+
+def _declare_keyed_jobs() -> None:
+    """Register ``bench.keyed`` (W9) here and in the workers this process starts, and
+    write its per-key limit first, as a worker starting would: the jobs enqueued next are
+    held beyond one per key, as in a deployment whose workers run."""
+    os.environ["BENCH_KEYED_JOBS"] = "1"
+    import bench.benchapp.keyed_jobs  # noqa: F401  (registers bench.keyed)
+    from django_pgqueue.limits import sync_declared_limits
+
+    sync_declared_limits()
 
 
 def setup(args: Any) -> dict[str, Any]:
@@ -169,8 +182,11 @@ def drain(args: Any) -> dict[str, Any]:
         _truncate()
     else:
         _execute(f"VACUUM {TABLE}")  # see --keep
-    job_type = "bench.noop" if args.kind == "noop" else "bench.cpu_flaky"
-    enqueue_in_chunks(job_type, args.jobs, 5000)
+    if args.kind == "keyed":
+        _declare_keyed_jobs()
+    job_type = {"noop": "bench.noop", "cpu_flaky": "bench.cpu_flaky", "keyed": "bench.keyed"}
+    keys = common.W9_KEYS if args.kind == "keyed" else 0
+    enqueue_in_chunks(job_type[args.kind], args.jobs, 5000, keys=keys)
     _execute(f"ANALYZE {TABLE}")  # statistics as autovacuum would leave them
     before = _completed()
     from django.db import connection
