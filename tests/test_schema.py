@@ -123,3 +123,14 @@ def test_the_claimable_index_leads_with_the_claim_order():
     assert [name.lstrip("-") for name in CLAIM_INDEX_FIELDS] == [
         column.split()[0] for column in CLAIM_ORDER.split(", ")
     ]
+
+
+def test_the_claim_is_never_compiled_by_jit():
+    # Its enable_sort = off makes every sort cost 10^10, above jit_above_cost: with JIT on
+    # (the default where PostgreSQL has LLVM) each claim under limits was compiled first,
+    # taking hundreds of milliseconds.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT proconfig FROM pg_proc WHERE proname = 'claim_job_batch'")
+        (config,) = cursor.fetchone()
+
+    assert "jit=off" in config and "enable_sort=off" in config
