@@ -14,7 +14,7 @@ DROP TRIGGER pgqueue_jobs_release_after_delete ON pgqueue_jobs;
 DROP FUNCTION pgqueue_release_held_jobs();
 DROP FUNCTION pgqueue_release_after_keyed_job();
 DROP FUNCTION pgqueue_admit_keyed_job();
-DROP FUNCTION pgqueue_release_held(text, text);
+DROP FUNCTION pgqueue_release_held_keys(text[], text[]);
 """
 
 SCOPES = ["queue", "job_type", "key"]

@@ -6,7 +6,8 @@
 -- * Per-key limits (pgqueue_limits rows of scope 'key', name: the job type): at most
 --   max_running jobs of one (job_type, concurrency_key) claimed or running at once. Keys
 --   at their limit are left out of the walk; the candidates of the others are ranked
---   per key under the key's advisory lock, as queues and job types are.
+--   per key under the key's advisory lock, as queues and job types are. Once per pass,
+--   the keys of the jobs claimed release their held jobs (pgqueue_release_held_keys).
 -- * Advisory locks of every limit a batch touches are taken in one order (scope, then
 --   name), so claimers cannot deadlock; a claimer waits only for claimers of the same
 --   queue, job type or key.
@@ -38,6 +39,7 @@ DECLARE
     v_keep uuid[];
     v_passed_over uuid[];
     v_limited boolean;
+    v_keyed boolean;
     v_wanted integer := p_batch_size;
     v_limit record;
 BEGIN
@@ -54,6 +56,7 @@ BEGIN
     SELECT array_agg(name) INTO v_paused FROM pgqueue_queues WHERE paused_at IS NOT NULL;
 
     v_limited := EXISTS (SELECT 1 FROM pgqueue_limits);
+    v_keyed := v_limited AND EXISTS (SELECT 1 FROM pgqueue_limits WHERE scope = 'key');
     -- A key is named job_type, newline, concurrency_key: job types have no newline.
 
     -- Without limits, one walk claims the batch. With limits, at most three: a walk
@@ -168,6 +171,15 @@ BEGIN
                worker_ids = jobs.worker_ids || to_jsonb(p_worker_id)
          WHERE jobs.id = ANY (COALESCE(v_keep, '{}'))
         RETURNING jobs.*;
+
+        -- The claimed jobs of keys leave room for their keys' held jobs (key_limits_v1.sql).
+        IF v_keyed AND v_keep IS NOT NULL THEN
+            PERFORM pgqueue_release_held_keys(array_agg(claimed.job_type),
+                                              array_agg(claimed.concurrency_key))
+               FROM pgqueue_jobs AS claimed
+              WHERE claimed.id = ANY (v_keep) AND claimed.concurrency_key IS NOT NULL
+             HAVING count(*) > 0;
+        END IF;
 
         v_wanted := v_wanted - COALESCE(cardinality(v_keep), 0);
         EXIT WHEN v_wanted <= 0
