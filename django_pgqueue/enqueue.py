@@ -13,7 +13,7 @@ import itertools
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Unpack, get_args
 
-from django.db import connections
+from django.db import connections, transaction
 
 from . import conf, reused_cursor
 from .exceptions import InvalidJobError
@@ -25,12 +25,12 @@ from .inserts import (
     KeyedRowFound,
     built_one,
     insert_plain_many,
-    read_held,
     send_enqueued,
+    settle_held,
     wants_notify,
     with_notify,
 )
-from .jobrows import PLAIN_FIELDS, prepare, prepared_rows
+from .jobrows import PLAIN_FIELDS, JobRow, prepare, prepared_rows
 from .options import ENQUEUE_KEYS, EnqueueOptions, JobSpec, OnDuplicate, check_keys
 from .unique import enqueue_many_unique, enqueue_unique
 
@@ -135,10 +135,18 @@ def enqueue(
     if options:
         check_keys(options, ENQUEUE_KEYS, "enqueue()")
     row = prepare(job_type, data, options)
-    settings = conf.get_settings()
     alias = conf.jobs_database(using)
+    if row.held:
+        # A due job with a key is inserted held and its key released, in one transaction.
+        with transaction.atomic(using=alias):
+            return _enqueue_row(row, on_duplicate, alias)
+    return _enqueue_row(row, on_duplicate, alias)
+
+
+def _enqueue_row(row: JobRow, on_duplicate: OnDuplicate, alias: str) -> Job:
     if row.unique_key is not None:
         return enqueue_unique(row, on_duplicate, alias)
+    settings = conf.get_settings()
     db = connections[alias]
     undelayed = row.undelayed
     if wants_notify(db, {row.queue} if undelayed else set()) and settings.NOTIFY:
@@ -152,8 +160,7 @@ def enqueue(
         sql = INSERT_ONE_QUIET
     created_us, run_us = reused_cursor.execute_fetchone(db, sql, params)
     job = built_one(row, created_us, run_us, alias)
-    if row.concurrency_key is not None:
-        read_held([job], alias)
+    settle_held([job], [row], alias)
     send_enqueued([job])
     return job
 
@@ -229,4 +236,8 @@ def enqueue_many(
             send_enqueued(jobs)
             return jobs
     rows.extend(prepared)
+    if any(row.held for row in rows):
+        # Held rows are released in the same transaction as their insert.
+        with transaction.atomic(using=alias):
+            return enqueue_many_unique(rows, on_duplicate, alias)
     return enqueue_many_unique(rows, on_duplicate, alias)

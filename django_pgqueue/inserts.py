@@ -23,6 +23,7 @@ from django.db import connections, transaction
 
 from . import conf, signals
 from .due import DUE
+from .held import held_among, release_keys
 from .jobrows import JobRow
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from .models import Job
 
 
-COLUMNS = "id, job_type, queue, priority, data, run_at, max_attempts, concurrency_key"
+COLUMNS = "id, job_type, queue, priority, data, run_at, max_attempts, concurrency_key, held"
 
 # The plain inserts return only what the database decides (the times, as exact integer
 # microseconds since the epoch); the rest of each Job is what was sent. Decoding whole
@@ -42,7 +43,7 @@ _MICROS = "(extract(epoch FROM inserted.{0}) * 1000000)::int8"
 INSERT_ONE_QUIET = f"""
 INSERT INTO pgqueue_jobs AS inserted ({COLUMNS})
 VALUES (%s, %s, %s, %s, %s::jsonb,
-        COALESCE(%s::timestamptz, now() + %s * interval '1 second'), %s, %s)
+        COALESCE(%s::timestamptz, now() + %s * interval '1 second'), %s, %s, %s)
 RETURNING {_MICROS.format("created_at")}, {_MICROS.format("run_at")}
 """
 
@@ -80,7 +81,7 @@ INSERT_ONE = f"""
 WITH inserted AS (
     INSERT INTO pgqueue_jobs ({COLUMNS})
     VALUES (%s, %s, %s, %s, %s::jsonb,
-            COALESCE(%s::timestamptz, now() + %s * interval '1 second'), %s, %s)
+            COALESCE(%s::timestamptz, now() + %s * interval '1 second'), %s, %s, %s)
     RETURNING queue, created_at, run_at  -- queue and run_at: for the NOTIFY
 ){{notify}}
 SELECT {_MICROS.format("created_at")}, {_MICROS.format("run_at")}
@@ -223,6 +224,7 @@ def _inserted_values(
         "data": data,
         "max_attempts": row.max_attempts,
         "concurrency_key": row.concurrency_key,
+        "held": row.held,
         "created_at": created_at,
         "run_at": run_at,
     }
@@ -252,8 +254,12 @@ class KeyedRowFound(Exception):
 def insert_plain_many(rows: list[JobRow], more: Iterator[JobRow], using: str) -> list[Job]:
     """Insert ``rows`` (validated) and then ``more`` (validated as they are taken)."""
     following = next(more, None)
-    if following is None:
+    if following is None and not any(row.held for row in rows):
         return _copy_rows(rows, more, using)
+    if following is None:
+        # Held rows are released in the same transaction as their insert.
+        with transaction.atomic(using=using):
+            return _copy_rows(rows, more, using)
     # Rows are on their way before every spec is validated: a bad one must take them back.
     with transaction.atomic(using=using), _collector_paused():
         return _copy_rows(rows, itertools.chain([following], more), using)
@@ -307,9 +313,7 @@ def _copy_rows(first: list[JobRow], more: Iterator[JobRow], using: str) -> list[
                     raise KeyedRowFound(rows)
             # Built while the server inserts the last part; returned only if the COPY ends well.
             jobs = _built(rows, times, using)
-        keyed = [job for job in jobs if job.concurrency_key is not None]
-        if keyed:
-            read_held(keyed, using)
+        settle_held(jobs, rows, using)
         if connection.queries_logged:
             # What Django's debug cursor records for execute(): COPY bypasses it.
             connection.queries_log.append(
@@ -321,16 +325,22 @@ def _copy_rows(first: list[JobRow], more: Iterator[JobRow], using: str) -> list[
     return jobs
 
 
-def read_held(jobs: list[Job], using: str) -> None:
-    """Set ``held`` on the just inserted ``jobs`` that the database held back (the jobs
-    of a key at its limit: ``sql/key_limits_v1.sql``); only keyed jobs can be."""
-    with connections[using].cursor() as cursor:
-        cursor.execute(
-            "SELECT id FROM pgqueue_jobs WHERE id = ANY(%s) AND held", [[job.id for job in jobs]]
-        )
-        held = {row[0] for row in cursor.fetchall()}
-    for job in jobs:
-        job.held = job.id in held
+def settle_held(jobs: list[Job], rows: Iterable[JobRow], using: str) -> None:
+    """Release the keys of the ``rows`` inserted held, then give each of their ``jobs``
+    its ``held`` as the database has it now (see ``held``); call it in the insert's
+    transaction."""
+    keys = [
+        (row.job_type, row.concurrency_key)
+        for row in rows
+        if row.held and row.concurrency_key is not None
+    ]
+    if not keys:
+        return
+    release_keys(using, keys)
+    inserted_held = [job for job in jobs if job.held]
+    still_held = held_among(using, [job.id for job in inserted_held])
+    for job in inserted_held:
+        job.held = job.id in still_held
 
 
 def _notify_copied(
@@ -379,7 +389,8 @@ def _copy_line(row: JobRow, times: tuple[datetime, datetime], now_text: str) -> 
     key_text = "\\N" if key is None else key.translate(_COPY_ESCAPES)
     return (
         f"{row.id.int:032x}\t{row.job_type}\t{row.queue}\t{row.priority}\t{data}\t"
-        f"{run_text}\t{row.max_attempts}\t{key_text}\t{created_at.isoformat()}\n"
+        f"{run_text}\t{row.max_attempts}\t{key_text}\t{'t' if row.held else 'f'}\t"
+        f"{created_at.isoformat()}\n"
     )
 
 

@@ -49,6 +49,8 @@ class JobRow(NamedTuple):
     max_attempts: int
     #: The key of the job type's per-key concurrency limit (``@job(concurrency_key=...)``).
     concurrency_key: str | None
+    #: Inserted held: a due job with a key, released after the insert (``held``).
+    held: bool
     # Last, so that the plain inserts take the fields before them.
     unique_key: str | None
     #: Seconds: a job with the key enqueued this recently holds it, finished or not.
@@ -170,12 +172,15 @@ def prepare(
         0.0 if delay is None else validation.delay(delay, f"{prefix}delay"),
         resolved.max_attempts,
         None,
+        False,
         None,
     )
     definition = resolved.definition
     if definition is not None and definition.concurrency_key is not None:
         row = row._replace(
-            concurrency_key=_concurrency_key(definition, data, f"{prefix}concurrency_key")
+            concurrency_key=_concurrency_key(definition, data, f"{prefix}concurrency_key"),
+            # A job scheduled for later is never held (sql/key_limits_v1.sql).
+            held=row.undelayed,
         )
     if unique_key is None and definition is not None and definition.unique_key is not None:
         unique_key = _default_key(definition, data, f"{prefix}unique_key")

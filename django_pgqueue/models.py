@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Protocol, Self, TypeVar
 from django.contrib.postgres.functions import RandomUUID
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import IntegrityError, connections, models, transaction
-from django.db.models import Exists, OuterRef, Q, Value
+from django.db.models import Exists, ExpressionWrapper, OuterRef, Q, Value
 from django.db.models.base import ModelState
 from django.db.models.functions import Coalesce, Now
 from django.db.models.signals import post_init, pre_init
@@ -20,6 +20,7 @@ from django.utils.translation import gettext_lazy as _
 from . import conf, schema
 from .due import CLAIM_INDEX_FIELDS, not_yet_due_q
 from .exceptions import InvalidJobError, JobCancelled, PgQueueError
+from .held import release_keys
 from .indexes import GinIndex
 from .progress import write_progress
 from .schema import ACTIVE, FINISHED, IN_FLIGHT, RETRYABLE
@@ -72,10 +73,15 @@ class JobQuerySet(models.QuerySet["Job"]):
         selected ``claimed`` and ``running`` jobs that have no request yet get
         ``cancel_requested_at`` set. The result is the sum of both counts. Finished jobs
         are not touched. See [Cancel jobs](../how-to/cancel.md).
+
+        Cancelling jobs of a [per-key limit](../how-to/per-key-concurrency.md) releases
+        held jobs of their keys to take their places.
         """
-        cancelled = self.filter(status=JobStatus.PENDING).update(
-            status=JobStatus.CANCELLED, completed_at=Now()
-        )
+        pending = self.filter(status=JobStatus.PENDING)
+        keys = _keys_of(pending)
+        cancelled = pending.update(status=JobStatus.CANCELLED, completed_at=Now(), held=False)
+        if cancelled and keys:
+            release_keys(_write_db(self), keys)
         requested = self.filter(status__in=IN_FLIGHT, cancel_requested_at__isnull=True).update(
             cancel_requested_at=Now()
         )
@@ -87,6 +93,9 @@ class JobQuerySet(models.QuerySet["Job"]):
         A job whose ``unique_key`` is held by an active job stays as it is, and so do all
         but the newest of several selected jobs sharing a key: those are skipped (and
         logged), never an ``IntegrityError``. Returns the number of jobs retried.
+
+        Jobs with a [concurrency key](../how-to/per-key-concurrency.md) come back held,
+        and as many as their keys have room for are released at once, as at enqueue.
 
         The selected ``failed`` and ``cancelled`` jobs get ``attempts`` 0, ``snoozes`` 0,
         ``progress`` 0, ``worker_ids`` ``[]``, and ``worker_id``, ``claimed_at``,
@@ -112,6 +121,7 @@ class JobQuerySet(models.QuerySet["Job"]):
             .values("pk")
         )
         retryable = eligible.filter(Q(unique_key__isnull=True) | Q(pk__in=free))
+        keys = _keys_of(retryable)
         for _round in range(UNIQUE_RETRY_ROUNDS):
             try:
                 # A savepoint: a job enqueued with one of the keys meanwhile (committed
@@ -130,6 +140,9 @@ class JobQuerySet(models.QuerySet["Job"]):
                         cancel_requested_at=None,
                         progress=0,
                         worker_ids=[],
+                        held=ExpressionWrapper(
+                            Q(concurrency_key__isnull=False), output_field=models.BooleanField()
+                        ),
                     )
                 break
             except IntegrityError:
@@ -145,6 +158,8 @@ class JobQuerySet(models.QuerySet["Job"]):
                 "(or by a newer selected job with the same key)",
                 skipped,
             )
+        if changed and keys:
+            release_keys(using, keys)
         _notify(using, queues if changed else [])
         return changed
 
@@ -159,6 +174,13 @@ class JobQuerySet(models.QuerySet["Job"]):
         changed = eligible.update(run_at=Now())
         _notify(_write_db(self), queues if changed else [])
         return changed
+
+
+def _keys_of(jobs: models.QuerySet[Job]) -> list[tuple[str, str]]:
+    """The ``(job_type, concurrency_key)`` keys of the selected jobs that have one."""
+    keyed = jobs.using(_write_db(jobs)).filter(concurrency_key__isnull=False).order_by()
+    pairs = keyed.values_list("job_type", "concurrency_key").distinct()
+    return [(job_type, key) for job_type, key in pairs if key is not None]
 
 
 def _queues_of(jobs: models.QuerySet[Job]) -> list[str]:
@@ -312,7 +334,8 @@ class Job(JobsDatabaseModel):
             ``@job(concurrency_key=...)``. ``NULL`` (the default): no key.
         held (BooleanField): ``True`` while the job is pending but left out of the claim
             because its key already has as many due jobs waiting as its limit; it is
-            released, in claim order, as they are claimed. Default ``False``.
+            released, in claim order, as they are claimed or cancelled. Default
+            ``False``.
 
     Defaults are database defaults, so rows inserted with SQL get them too. See
     [SQL schema](sql.md#the-pgqueue_jobs-table) for the column types and lengths, the

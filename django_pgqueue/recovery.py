@@ -95,10 +95,13 @@ def release_held_jobs(using: str | None = None) -> int:
     """Release the held jobs of every key that has room for them; return how many.
 
     A job of a key at its [per-key limit](../how-to/per-key-concurrency.md) waits
-    ``held``, out of the claim's sight, and is released when a job of its key is
-    claimed. A job enqueued at the very moment its key's last visible job is claimed can
-    miss that release; this sweep catches it, and releases every held job of a job type
-    whose per-key limit was removed. Workers call it with ``recover_stale_jobs()``, every
+    ``held``, out of the claim's sight, and is released when a job of its key is claimed
+    or cancelled. A job enqueued at the very moment its key's last visible job is claimed
+    can miss that release, and a pending job deleted (or cancelled with SQL) releases
+    nothing: this sweep catches both, and releases every held job of a job type whose
+    per-key limit was removed. First it holds the excess of keys with more visible due
+    jobs than their limit (delayed jobs that came due together). Workers call it with
+    ``recover_stale_jobs()``, every
     ``PGQUEUE["RECOVER_INTERVAL"]`` seconds, and so does the
     [`pgqueue_recover`](commands.md#pgqueue_recover) command. Safe to run from many
     processes at once. Calls the SQL function ``pgqueue_release_held_jobs()``.

@@ -28,6 +28,7 @@ from .inserts import (
     record_notified,
     returning_jobs,
     send_enqueued,
+    settle_held,
     undelayed_queues,
     wants_notify,
     with_notify,
@@ -54,7 +55,7 @@ _INSERT_ONE_UNIQUE = f"""
 WITH inserted AS (
     INSERT INTO pgqueue_jobs ({COLUMNS}, unique_key)
     VALUES (%s, %s, %s, %s, %s::jsonb,
-            COALESCE(%s::timestamptz, now() + %s * interval '1 second'), %s, %s, %s)
+            COALESCE(%s::timestamptz, now() + %s * interval '1 second'), %s, %s, %s, %s)
     {_ON_CONFLICT}
     RETURNING *
 ), existing AS (
@@ -79,7 +80,7 @@ WITH recent AS (
 ), inserted AS (
     INSERT INTO pgqueue_jobs ({COLUMNS}, unique_key)
     SELECT %s, %s, %s, %s, %s::jsonb,
-           COALESCE(%s::timestamptz, now() + %s * interval '1 second'), %s, %s, %s
+           COALESCE(%s::timestamptz, now() + %s * interval '1 second'), %s, %s, %s, %s
      WHERE NOT EXISTS (SELECT FROM recent)
     {_ON_CONFLICT}
     RETURNING *
@@ -104,13 +105,14 @@ WITH inserted AS (
     INSERT INTO pgqueue_jobs ({COLUMNS}, unique_key, created_at)
     SELECT t.id, t.job_type, t.queue, t.priority, t.data::jsonb,
            COALESCE(t.run_at, now() + t.delay * interval '1 second'), t.max_attempts,
-           t.concurrency_key, t.unique_key,
+           t.concurrency_key, t.held, t.unique_key,
            (SELECT clock_timestamp()) + t.position * interval '1 microsecond'
       FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::int[], %s::text[],
-                  %s::timestamptz[], %s::float8[], %s::int[], %s::text[], %s::text[])
+                  %s::timestamptz[], %s::float8[], %s::int[], %s::text[], %s::bool[],
+                  %s::text[])
            WITH ORDINALITY
            AS t(id, job_type, queue, priority, data, run_at, delay, max_attempts,
-                concurrency_key, unique_key, position)
+                concurrency_key, held, unique_key, position)
      ORDER BY t.unique_key
     {_ON_CONFLICT}
     RETURNING *
@@ -145,11 +147,11 @@ _INSERT_MANY_UNIQUE_WINDOW = f"""
 WITH t AS (
     SELECT *
       FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::int[], %s::text[],
-                  %s::timestamptz[], %s::float8[], %s::int[], %s::text[], %s::text[],
-                  %s::float8[])
+                  %s::timestamptz[], %s::float8[], %s::int[], %s::text[], %s::bool[],
+                  %s::text[], %s::float8[])
            WITH ORDINALITY
            AS t(id, job_type, queue, priority, data, run_at, delay, max_attempts,
-                concurrency_key, unique_key, unique_for, position)
+                concurrency_key, held, unique_key, unique_for, position)
 ), recent AS (
     SELECT DISTINCT ON (jobs.unique_key) jobs.*
       FROM pgqueue_jobs AS jobs JOIN t ON jobs.unique_key = t.unique_key
@@ -161,7 +163,7 @@ WITH t AS (
     INSERT INTO pgqueue_jobs ({COLUMNS}, unique_key, created_at)
     SELECT t.id, t.job_type, t.queue, t.priority, t.data::jsonb,
            COALESCE(t.run_at, now() + t.delay * interval '1 second'), t.max_attempts,
-           t.concurrency_key, t.unique_key,
+           t.concurrency_key, t.held, t.unique_key,
            (SELECT clock_timestamp()) + t.position * interval '1 microsecond'
       FROM t
      WHERE t.unique_key IS NULL OR t.unique_key NOT IN (SELECT unique_key FROM recent)
@@ -219,6 +221,7 @@ def enqueue_unique(row: JobRow, on_duplicate: OnDuplicate, alias: str) -> Job:
         if job.id == row.id:
             if notify:
                 record_notified(connections[alias], undelayed_queues([row]))
+            settle_held([job], [row], alias)
             send_enqueued([job])
             return job
         logger.debug("unique_key %r is held by job %s: not enqueued", row.unique_key, job.id)
@@ -247,6 +250,7 @@ def enqueue_many_unique(rows: list[JobRow], on_duplicate: OnDuplicate, alias: st
         inserted, holders = _insert_or_replace(candidates, alias)
     else:
         inserted, holders = _insert_unique(candidates, alias)
+    settle_held(list(inserted.values()), [row for row in candidates if row.id in inserted], alias)
     by_key = {**holders, **{job.unique_key: job for job in inserted.values() if job.unique_key}}
     jobs = [inserted.get(row.id) or by_key[row.unique_key or ""] for row in rows]
     send_enqueued([inserted[row.id] for row in candidates if row.id in inserted])

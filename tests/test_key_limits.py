@@ -13,6 +13,7 @@ import io
 import json
 import signal
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from datetime import timedelta
@@ -210,16 +211,23 @@ def test_a_job_scheduled_for_later_is_never_held_and_never_blocks_a_due_one(per_
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("how", ["cancel", "delete"])
-def test_cancelling_or_deleting_a_visible_job_releases_the_next(per_tenant, how):
+def test_cancelling_a_visible_job_releases_the_next(per_tenant):
     first, second, third = tenant_jobs("a", "a", "a")
 
-    pending = Job.objects.filter(pk=first.pk)
-    if how == "cancel":
-        pending.cancel()
-    else:
-        pending.delete()
+    Job.objects.filter(pk=first.pk).cancel()
 
+    assert held_ids() == {third.id}
+    assert claim() == [second.id]
+
+
+@pytest.mark.django_db
+def test_a_visible_job_deleted_leaves_room_that_the_sweep_fills(per_tenant):
+    first, second, third = tenant_jobs("a", "a", "a")
+
+    Job.objects.filter(pk=first.pk).delete()
+    assert claim() == []  # nothing visible until the sweep
+
+    assert release_held_jobs() == 1
     assert held_ids() == {third.id}
     assert claim() == [second.id]
 
@@ -237,14 +245,16 @@ def test_a_cancelled_held_job_retried_is_admitted_again(per_tenant):
 
 
 @pytest.mark.django_db
-def test_a_failed_attempt_back_to_pending_is_admitted_again(per_tenant):
-    first, second = tenant_jobs("a", "a")
+def test_a_failed_attempt_back_to_pending_waits_its_turn_visible(per_tenant):
+    first, second, third = tenant_jobs("a", "a", "a")
     assert claim() == [first.id]  # releases second
 
+    # As a worker retrying it, or recovery, puts it back: visible, not held.
     Job.objects.filter(pk=first.pk).update(status=JobStatus.PENDING)
 
-    assert held_ids() == {first.id}  # second already shows the key to the claim
-    assert claim() == [second.id]
+    assert held_ids() == {third.id}
+    assert claim() == [first.id]  # one at a time, in claim order
+    assert claim() == []
 
 
 # -- Releasing held jobs ------------------------------------------------------------------
@@ -269,6 +279,20 @@ def test_removing_the_limit_releases_every_held_job(per_tenant):
 
     assert held_ids() == set()
     assert set(claim_all()) == {job.id for job in jobs}
+
+
+@pytest.mark.django_db
+def test_the_sweep_holds_the_excess_of_delayed_jobs_that_came_due_together(per_tenant):
+    soon = timezone.now() + timedelta(seconds=0.3)
+    jobs = enqueue_many(
+        [{"job_type": TENANT_JOB, "data": {"tenant": "a"}, "run_at": soon}] * 4
+    )
+    assert held_ids() == set()  # scheduled for later: never held at enqueue
+    time.sleep(0.4)
+
+    assert release_held_jobs() == 0
+
+    assert held_ids() == {job.id for job in jobs[1:]}
 
 
 @pytest.mark.django_db

@@ -5,15 +5,8 @@ from django_pgqueue.sqlfiles import read_sql
 
 CLAIM_FIELDS = ["-priority", "run_at", "created_at"]
 
-# Reversed, the triggers go before the functions they call.
 DROP_KEY_LIMITS = """
-DROP TRIGGER pgqueue_jobs_admit ON pgqueue_jobs;
-DROP TRIGGER pgqueue_jobs_admit_again ON pgqueue_jobs;
-DROP TRIGGER pgqueue_jobs_release_after_update ON pgqueue_jobs;
-DROP TRIGGER pgqueue_jobs_release_after_delete ON pgqueue_jobs;
 DROP FUNCTION pgqueue_release_held_jobs();
-DROP FUNCTION pgqueue_release_after_keyed_job();
-DROP FUNCTION pgqueue_admit_keyed_job();
 DROP FUNCTION pgqueue_release_held_keys(text[], text[]);
 """
 
