@@ -246,8 +246,9 @@ def test_a_cancelled_held_job_retried_is_admitted_again(per_tenant):
 
 @pytest.mark.django_db
 def test_a_failed_attempt_back_to_pending_waits_its_turn_visible(per_tenant):
-    first, second, third = tenant_jobs("a", "a", "a")
-    assert claim() == [first.id]  # releases second
+    first, _second, third = tenant_jobs("a", "a", "a")
+    assert claim() == [first.id]
+    assert held_ids() == {third.id}  # the claim released second
 
     # As a worker retrying it, or recovery, puts it back: visible, not held.
     Job.objects.filter(pk=first.pk).update(status=JobStatus.PENDING)
@@ -284,9 +285,7 @@ def test_removing_the_limit_releases_every_held_job(per_tenant):
 @pytest.mark.django_db
 def test_the_sweep_holds_the_excess_of_delayed_jobs_that_came_due_together(per_tenant):
     soon = timezone.now() + timedelta(seconds=0.3)
-    jobs = enqueue_many(
-        [{"job_type": TENANT_JOB, "data": {"tenant": "a"}, "run_at": soon}] * 4
-    )
+    jobs = enqueue_many([{"job_type": TENANT_JOB, "data": {"tenant": "a"}, "run_at": soon}] * 4)
     assert held_ids() == set()  # scheduled for later: never held at enqueue
     time.sleep(0.4)
 
