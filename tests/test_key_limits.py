@@ -22,12 +22,13 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.db import connection
+from django.urls import reverse
 from django.utils import timezone
 
 from django_pgqueue import enqueue, enqueue_many, job, registry, stats
 from django_pgqueue.exceptions import InvalidJobError, JobRegistrationError
 from django_pgqueue.limits import declared_limits, override_limit, sync_declared_limits
-from django_pgqueue.models import Job, JobStatus
+from django_pgqueue.models import ConcurrencyLimit, Job, JobStatus
 from django_pgqueue.recovery import release_held_jobs
 from tests.test_limits import claim, claim_all, most_at_once
 from tests.testapp import keyed_jobs
@@ -272,6 +273,24 @@ def test_raising_the_limit_releases_held_jobs_at_once(per_tenant):
 
 
 @pytest.mark.django_db
+def test_staff_raise_a_per_key_limit_in_the_admin_and_held_jobs_are_released(
+    per_tenant, admin_client
+):
+    jobs = tenant_jobs("a", "a", "a")
+    limit = ConcurrencyLimit.objects.get(scope="key", name=TENANT_JOB)
+
+    page = admin_client.get(reverse("admin:django_pgqueue_concurrencylimit_changelist"))
+    response = admin_client.post(
+        reverse("admin:django_pgqueue_concurrencylimit_change", args=[limit.pk]),
+        {"override": "2"},
+    )
+
+    assert "Each key of a job type" in page.content.decode()
+    assert response.status_code == 302
+    assert held_ids() == {jobs[2].id}
+
+
+@pytest.mark.django_db
 def test_removing_the_limit_releases_every_held_job(per_tenant):
     jobs = tenant_jobs("a", "a", "a")
     registry.unregister(TENANT_JOB)
@@ -357,6 +376,29 @@ def test_concurrent_claimers_never_take_two_jobs_of_one_key(per_tenant):
     claim_all()
     keys = list(in_flight.values_list("concurrency_key", flat=True))
     assert sorted(keys) == ["a", "a", "b", "b", "c", "c"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claimer_never_waits_for_a_claimer_of_another_key(per_tenant):
+    tenant_jobs("a", "b")
+    blocker = connection.get_new_connection(connection.get_connection_params())
+    blocker.autocommit = True
+    other = connection.get_new_connection(connection.get_connection_params())
+    other.autocommit = True
+    try:
+        with blocker.transaction():
+            # A claim of key "a" left uncommitted holds that key's lock ...
+            (taken,) = claim(batch_size=1, conn=blocker)
+            assert Job.objects.get(pk=taken).concurrency_key == "a"
+            # ... and a claimer of key "b" goes on without waiting for it.
+            other.execute("SET lock_timeout = '2s'")
+            with other.transaction():
+                claimed = claim(batch_size=5, conn=other)
+    finally:
+        blocker.close()
+        other.close()
+
+    assert [Job.objects.get(pk=pk).concurrency_key for pk in claimed] == ["b"]
 
 
 def runs_by_key() -> dict[str, list[tuple[Any, Any]]]:
