@@ -401,6 +401,30 @@ def test_a_claimer_never_waits_for_a_claimer_of_another_key(per_tenant):
     assert [Job.objects.get(pk=pk).concurrency_key for pk in claimed] == ["b"]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_the_sweep_never_waits_for_a_job_another_transaction_holds(per_tenant):
+    soon = timezone.now() + timedelta(seconds=0.3)
+    _first, second, third = enqueue_many(
+        [{"job_type": TENANT_JOB, "data": {"tenant": "a"}, "run_at": soon}] * 3
+    )
+    time.sleep(0.4)  # all three due and visible: two too many
+    locker = connection.get_new_connection(connection.get_connection_params())
+    try:
+        with locker.transaction():
+            locker.execute("SELECT 1 FROM pgqueue_jobs WHERE id = %s FOR UPDATE", [second.id])
+            with connection.cursor() as cursor:
+                cursor.execute("SET lock_timeout = '2s'")
+            try:
+                release_held_jobs()
+            finally:
+                with connection.cursor() as cursor:
+                    cursor.execute("RESET lock_timeout")
+    finally:
+        locker.close()
+
+    assert held_ids() == {third.id}  # the locked one was left for the next sweep
+
+
 def runs_by_key() -> dict[str, list[tuple[Any, Any]]]:
     keys = dict(Job.objects.values_list("id", "concurrency_key"))
     runs: dict[str, list[tuple[Any, Any]]] = defaultdict(list)

@@ -76,22 +76,28 @@ $$;
 -- released. Returns how many were released. Safe to run from many sessions at once.
 CREATE FUNCTION pgqueue_release_held_jobs() RETURNS integer
 LANGUAGE plpgsql AS $$
+DECLARE
+    v_excess uuid[];
 BEGIN
-    UPDATE pgqueue_jobs AS jobs SET held = true
+    SELECT array_agg(ranked.id) INTO v_excess
       FROM (
-        SELECT ranked.id
-          FROM (
-            SELECT v.id, l.max_running,
-                   row_number() OVER (PARTITION BY v.job_type, v.concurrency_key
-                                      ORDER BY v.priority DESC, v.run_at, v.created_at) AS rank
-              FROM pgqueue_jobs AS v
-              JOIN pgqueue_limits AS l ON l.scope = 'key' AND l.name = v.job_type
-             WHERE v.status = 'pending' AND NOT v.held AND v.concurrency_key IS NOT NULL
-               AND v.run_at <= clock_timestamp()
-          ) AS ranked
-         WHERE ranked.rank > ranked.max_running
-      ) AS excess
-     WHERE jobs.id = excess.id AND jobs.status = 'pending';
+        SELECT v.id, l.max_running,
+               row_number() OVER (PARTITION BY v.job_type, v.concurrency_key
+                                  ORDER BY v.priority DESC, v.run_at, v.created_at) AS rank
+          FROM pgqueue_jobs AS v
+          JOIN pgqueue_limits AS l ON l.scope = 'key' AND l.name = v.job_type
+         WHERE v.status = 'pending' AND NOT v.held AND v.concurrency_key IS NOT NULL
+           AND v.run_at <= clock_timestamp()
+      ) AS ranked
+     WHERE ranked.rank > ranked.max_running;
+    -- SKIP LOCKED: a job a claimer is taking, or one that an enqueue inside a long
+    -- transaction released, is left alone; the sweep never waits (it runs in the
+    -- worker's heartbeat thread).
+    UPDATE pgqueue_jobs AS jobs SET held = true
+     WHERE jobs.id IN (SELECT id FROM pgqueue_jobs
+                        WHERE id = ANY (COALESCE(v_excess, '{}'))
+                          AND status = 'pending' AND NOT held
+                          FOR UPDATE SKIP LOCKED);
     RETURN pgqueue_release_held_keys(array_agg(job_type), array_agg(concurrency_key))
       FROM (SELECT DISTINCT job_type, concurrency_key FROM pgqueue_jobs
              WHERE status = 'pending' AND held AND concurrency_key IS NOT NULL) AS held_keys;
