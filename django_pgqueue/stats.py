@@ -56,11 +56,13 @@ _PENDING = f"""
 SELECT queue,
        count(*) FILTER (WHERE {DUE}),
        count(*) FILTER (WHERE {NOT_YET_DUE}),
+       count(*) FILTER (WHERE held),
        EXTRACT(EPOCH FROM {_NOW} - min(run_at) FILTER (WHERE {DUE}))::float8
   FROM (
-    SELECT queue, run_at FROM pgqueue_jobs WHERE {status_in(JobStatus.PENDING)} AND NOT held
+    SELECT queue, run_at, held FROM pgqueue_jobs
+     WHERE {status_in(JobStatus.PENDING)} AND NOT held
     UNION ALL
-    SELECT queue, run_at FROM pgqueue_jobs
+    SELECT queue, run_at, held FROM pgqueue_jobs
      WHERE {status_in(JobStatus.PENDING)} AND held AND concurrency_key IS NOT NULL
   ) AS pending
  GROUP BY queue
@@ -134,6 +136,9 @@ class QueueStats:
     pending: int = 0
     #: Pending jobs whose ``run_at`` is still ahead (delayed jobs and retries in backoff).
     scheduled: int = 0
+    #: Of the pending jobs, those held back by their key's
+    #: [per-key limit](../how-to/per-key-concurrency.md) (``Job.held``).
+    held: int = 0
     claimed: int = 0
     running: int = 0
     completed_last_minute: int = 0
@@ -187,6 +192,7 @@ class QueueStats:
 _COUNTS = (
     "pending",
     "scheduled",
+    "held",
     "claimed",
     "running",
     "completed_last_minute",
@@ -290,8 +296,10 @@ def snapshot(*, using: str | None = None, totals: bool = False) -> Snapshot:
         (taken_at,) = cursor.fetchone()
 
         cursor.execute(_PENDING)
-        for name, due, scheduled, oldest in cursor.fetchall():
-            queues[name].update(pending=due, scheduled=scheduled, oldest_pending_age_seconds=oldest)
+        for name, due, scheduled, held, oldest in cursor.fetchall():
+            queues[name].update(
+                pending=due, scheduled=scheduled, held=held, oldest_pending_age_seconds=oldest
+            )
 
         cursor.execute(_IN_FLIGHT)
         for name, worker_id, claimed, running in cursor.fetchall():

@@ -197,9 +197,12 @@ def test_a_key_at_its_limit_never_delays_another_key(per_tenant):
 def test_held_jobs_count_as_pending_in_the_queue_statistics(per_tenant):
     tenant_jobs("a", "a", "a", "b")
 
-    (default,) = [queue for queue in stats.snapshot().queues if queue.name == "default"]
+    snapshot = stats.snapshot()
+    (default,) = [queue for queue in snapshot.queues if queue.name == "default"]
 
-    assert default.pending == 4
+    assert (default.pending, default.held) == (4, 2)
+    assert snapshot.all_queues().held == 2
+    assert snapshot.as_dict()["queues"][0]["held"] == 2
 
 
 @pytest.mark.django_db
@@ -288,6 +291,16 @@ def test_staff_raise_a_per_key_limit_in_the_admin_and_held_jobs_are_released(
     assert "Each key of a job type" in page.content.decode()
     assert response.status_code == 302
     assert held_ids() == {jobs[2].id}
+
+
+@pytest.mark.django_db
+def test_staff_list_the_held_jobs_in_the_admin(per_tenant, admin_client):
+    jobs = tenant_jobs("a", "a", "b")
+
+    page = admin_client.get(reverse("admin:django_pgqueue_job_changelist"), {"held__exact": "1"})
+
+    assert page.status_code == 200
+    assert list(page.context["cl"].result_list) == [jobs[1]]
 
 
 @pytest.mark.django_db

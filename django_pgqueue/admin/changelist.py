@@ -101,6 +101,7 @@ class JobAdmin(JobCells, JobActions, LiveView, QueueOverview):
         "status",
         QueueFilter,
         JobTypeFilter,
+        "held",
         ("created_at", admin.DateFieldListFilter),
     )
     # The search is ours (get_search_results); naming a field only shows the search box.
