@@ -225,6 +225,35 @@ def test_the_admin_refuses_a_limit_without_override_or_a_bad_name(staff):
     assert not ConcurrencyLimit.objects.exists()
 
 
+def test_the_bulk_delete_refuses_a_selection_with_a_declared_limit(staff, pgqueue_settings):
+    pgqueue_settings(QUEUE_LIMITS={"video": 5})
+    sync_declared_limits("default")
+    override_limit("queue", "video", 2)
+    override_limit("queue", "reports", 3)
+    client = staff("view_concurrencylimit", "delete_concurrencylimit")
+    changelist = reverse("admin:django_pgqueue_concurrencylimit_changelist")
+    everything = {
+        "action": "delete_selected",
+        "_selected_action": list(ConcurrencyLimit.objects.values_list("pk", flat=True)),
+        "post": "yes",
+    }
+
+    refused = client.post(changelist, everything)
+    only_override = client.post(
+        changelist,
+        {
+            **everything,
+            "_selected_action": [ConcurrencyLimit.objects.get(name="reports").pk],
+        },
+    )
+
+    assert "declared by the code or settings; clear its override instead" in (
+        refused.content.decode()
+    )
+    assert only_override.status_code == 302
+    assert limit_states() == [LimitState("queue", "video", 5, 2, 2)]
+
+
 def test_a_declared_limit_cannot_be_deleted_in_the_admin(staff, pgqueue_settings):
     pgqueue_settings(QUEUE_LIMITS={"video": 5})
     sync_declared_limits("default")

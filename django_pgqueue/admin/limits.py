@@ -11,11 +11,14 @@ deleting it; a declared one cannot be deleted (its next worker would write it ba
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.contrib import admin
+from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from .. import validation
@@ -87,6 +90,23 @@ class ConcurrencyLimitAdmin(LimitModelAdmin):
         assert state is not None  # the form requires an override where nothing is declared
         saved = ConcurrencyLimit.objects.get(scope=state.scope, name=state.name)
         obj.pk, obj.declared, obj.updated_at = saved.pk, saved.declared, saved.updated_at
+
+    def get_deleted_objects(
+        self, objs: Sequence[ConcurrencyLimit] | QuerySet[ConcurrencyLimit], request: HttpRequest
+    ) -> tuple[list[Any], dict[Any, Any], set[str], list[Any]]:
+        """Declared limits are protected: the bulk delete action refuses a selection that
+        has one, and says why. (Django would name a missing permission instead: the
+        per-object ``has_delete_permission`` refuses declared limits.)"""
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        if super().has_delete_permission(request):
+            perms_needed = set()
+        declared = [
+            _("%(limit)s: declared by the code or settings; clear its override instead")
+            % {"limit": f"{limit.scope} {limit.name}"}
+            for limit in objs
+            if limit.declared is not None
+        ]
+        return deleted, counts, perms_needed, [*protected, *declared]
 
     def delete_model(self, request: HttpRequest, obj: ConcurrencyLimit) -> None:
         override_limit(obj.scope, obj.name, None, using=obj._state.db)
