@@ -12,7 +12,6 @@ from __future__ import annotations
 import io
 import json
 import signal
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -30,7 +29,13 @@ from django_pgqueue.exceptions import InvalidJobError, JobRegistrationError
 from django_pgqueue.limits import declared_limits, override_limit, sync_declared_limits
 from django_pgqueue.models import ConcurrencyLimit, Job, JobStatus
 from django_pgqueue.recovery import release_held_jobs
-from tests.test_limits import claim, claim_all, most_at_once
+from tests.test_limits import (
+    claim,
+    claim_all,
+    claim_concurrently,
+    drain_then_runs,
+    most_at_once,
+)
 from tests.testapp import keyed_jobs
 from tests.testapp.models import Execution
 from tests.workers import WorkerProcess, wait_for
@@ -358,30 +363,9 @@ def test_the_recover_command_releases_missed_jobs_too(per_tenant):
 def test_concurrent_claimers_never_take_two_jobs_of_one_key(per_tenant):
     tenant_jobs(*["a", "b", "c"] * 6)
     override_limit("key", TENANT_JOB, 2)
-    claimers = 8
-    barrier = threading.Barrier(claimers)
-    errors: list[BaseException] = []
 
-    def claimer() -> None:
-        conn = connection.get_new_connection(connection.get_connection_params())
-        conn.autocommit = True
-        try:
-            with conn.transaction():
-                barrier.wait(timeout=10)
-                claim(batch_size=3, conn=conn)
-                threading.Event().wait(0.2)  # hold the claim: room must not be seen twice
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            conn.close()
+    claim_concurrently(claimers=8, batch_size=3)
 
-    threads = [threading.Thread(target=claimer) for _ in range(claimers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
-
-    assert not errors
     in_flight = Job.objects.filter(status=JobStatus.CLAIMED)
     keys = list(in_flight.values_list("concurrency_key", flat=True))
     assert keys and all(keys.count(key) <= 2 for key in "abc")
@@ -470,15 +454,8 @@ def keyed_worker(worker_id: str) -> WorkerProcess:
 @pytest.mark.django_db(transaction=True)
 def test_worker_processes_run_one_job_per_key_at_once_and_keys_in_parallel(per_tenant):
     jobs = tenant_jobs(*["a", "b", "c", "d"] * 6, sleep=0.05)
-    workers = [keyed_worker(f"w{i}") for i in range(3)]
-    try:
-        wait_for(
-            lambda: Job.objects.filter(status=JobStatus.COMPLETED).count() == len(jobs),
-            timeout=90,
-        )
-    finally:
-        for worker in workers:
-            worker.stop()
+
+    drain_then_runs(jobs, [keyed_worker(f"w{i}") for i in range(3)])
 
     runs = runs_by_key()
     assert sorted(runs) == ["a", "b", "c", "d"]

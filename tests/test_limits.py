@@ -237,7 +237,17 @@ def test_finished_jobs_free_room_under_the_limit(make_job):
 def test_concurrent_claimers_never_exceed_a_limit_together(scope, name):
     enqueue_many([{"job_type": "tests.record", "queue": "video"} for _ in range(20)])
     limit(scope, name, 2)
-    claimers = 8
+
+    claimed = claim_concurrently(claimers=8, batch_size=5)
+
+    assert sum(len(ids) for ids in claimed) == 2
+    assert Job.objects.filter(status=JobStatus.CLAIMED).count() == 2
+
+
+def claim_concurrently(claimers: int, batch_size: int) -> list[list[Any]]:
+    """Let ``claimers`` connections claim at the same moment, each holding its claim
+    uncommitted a while (a claimer that ignored the locks would then see room that is
+    not there); return what each claimed. Fails if any claimer fails."""
     barrier = threading.Barrier(claimers)
     claimed: list[list[Any]] = []
     errors: list[BaseException] = []
@@ -248,9 +258,7 @@ def test_concurrent_claimers_never_exceed_a_limit_together(scope, name):
         try:
             with conn.transaction():
                 barrier.wait(timeout=10)
-                ids = claim(batch_size=5, conn=conn)
-                # Hold the claim uncommitted a while: a claimer that ignored the locks
-                # would now see room that is not there.
+                ids = claim(batch_size=batch_size, conn=conn)
                 threading.Event().wait(0.2)
             claimed.append(ids)
         except BaseException as exc:
@@ -263,10 +271,8 @@ def test_concurrent_claimers_never_exceed_a_limit_together(scope, name):
         thread.start()
     for thread in threads:
         thread.join(timeout=30)
-
     assert not errors
-    assert sum(len(ids) for ids in claimed) == 2
-    assert Job.objects.filter(status=JobStatus.CLAIMED).count() == 2
+    return claimed
 
 
 # -- Several real worker processes --------------------------------------------------------

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 from django.db import connection
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, rule, run_state_machine_as_test
 
@@ -17,13 +16,11 @@ from django_pgqueue.limits import override_limit
 from django_pgqueue.recovery import release_held_jobs
 from tests.testapp import keyed_jobs
 
-from .test_state_machine import JobStateMachine
+from .test_state_machine import EXAMPLES, MACHINE_SETTINGS, STEPS, JobStateMachine
 
 pytestmark = pytest.mark.django_db
 
 TENANT_JOB = "tests.per_tenant"
-EXAMPLES = 40
-STEPS = 30
 
 # Keys with more jobs claimed or running than their limit allows.
 _OVER_LIMIT = """
@@ -104,15 +101,5 @@ class KeyedJobStateMachine(JobStateMachine):
 
 
 def test_random_interleavings_keep_per_key_limits(figures):
-    run_state_machine_as_test(
-        KeyedJobStateMachine,
-        settings=settings(
-            max_examples=EXAMPLES,
-            stateful_step_count=STEPS,
-            deadline=None,
-            derandomize=True,
-            database=None,
-            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-        ),
-    )
+    run_state_machine_as_test(KeyedJobStateMachine, settings=MACHINE_SETTINGS)
     figures(examples=EXAMPLES, steps_per_example=STEPS)

@@ -152,16 +152,17 @@ class JobStateMachine(RuleBasedStateMachine):
         assert Job.objects.count() == self.enqueued
 
 
+#: Bounded and repeatable: the same examples on every run.
+MACHINE_SETTINGS = settings(
+    max_examples=EXAMPLES,
+    stateful_step_count=STEPS,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+
 def test_random_interleavings_keep_the_state_machine_invariants(figures):
-    run_state_machine_as_test(
-        JobStateMachine,
-        settings=settings(
-            max_examples=EXAMPLES,
-            stateful_step_count=STEPS,
-            deadline=None,
-            derandomize=True,
-            database=None,
-            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-        ),
-    )
+    run_state_machine_as_test(JobStateMachine, settings=MACHINE_SETTINGS)
     figures(examples=EXAMPLES, steps_per_example=STEPS)
