@@ -254,9 +254,9 @@ class KeyedRowFound(Exception):
 def insert_plain_many(rows: list[JobRow], more: Iterator[JobRow], using: str) -> list[Job]:
     """Insert ``rows`` (validated) and then ``more`` (validated as they are taken)."""
     following = next(more, None)
-    if following is None and not any(row.held for row in rows):
-        return _copy_rows(rows, more, using)
     if following is None:
+        if not any(row.held for row in rows):
+            return _copy_rows(rows, more, using)
         # Held rows are released in the same transaction as their insert.
         with transaction.atomic(using=using):
             return _copy_rows(rows, more, using)
