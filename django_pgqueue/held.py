@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from django.db import connections
 
 _RELEASE_KEYS = "SELECT pgqueue_release_held_keys(%s::text[], %s::text[])"
+_SWEEP = "SELECT pgqueue_release_held_jobs()"
 _HELD_AMONG = "SELECT id FROM pgqueue_jobs WHERE id = ANY(%s) AND held"
 
 
@@ -26,6 +27,16 @@ def release_keys(using: str, keys: Iterable[tuple[str, str]]) -> int:
         cursor.execute(
             _RELEASE_KEYS, [[job_type for job_type, _ in distinct], [key for _, key in distinct]]
         )
+        (released,) = cursor.fetchone()
+    return int(released)
+
+
+def sweep(using: str) -> int:
+    """Hold the excess of keys with more visible due jobs than their limit, then release
+    the held jobs of every key with room (or no limit left); return how many were
+    released. The SQL function ``pgqueue_release_held_jobs()``."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(_SWEEP)
         (released,) = cursor.fetchone()
     return int(released)
 

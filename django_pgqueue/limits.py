@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 from django.db import connections, transaction
 
-from . import conf, registry, validation
+from . import conf, held, registry, validation
 from .exceptions import InvalidArgumentError
 from .models import LimitScope
 from .schema import CONCURRENCY_LIMIT_MAX
@@ -157,7 +156,7 @@ def sync_declared_limits(using: str | None = None) -> None:
                 ],
             )
         if any(scope == LimitScope.KEY for scope, _ in [*removed, *(k for k, _ in changed)]):
-            _release_held(cursor)
+            held.sweep(alias)  # release what a raised or removed per-key limit makes room for
     for scope, name in removed:
         logger.info("concurrency limit removed: %s %s (was %d)", scope, name, stored[scope, name])
     for (scope, name), limit in changed:
@@ -237,7 +236,7 @@ def override_limit(
                 [scope, name, max_running],
             )
         if scope == LimitScope.KEY:
-            _release_held(cursor)
+            held.sweep(alias)
         state = next((s for s in limit_states(alias) if (s.scope, s.name) == (scope, name)), None)
     logger.info(
         "concurrency limit override %s: %s %s (enforced: %s)",
@@ -247,8 +246,3 @@ def override_limit(
         "none" if state is None else state.max_running,
     )
     return state
-
-
-def _release_held(cursor: Any) -> None:
-    """Release the held jobs a raised or removed per-key limit leaves room for."""
-    cursor.execute("SELECT pgqueue_release_held_jobs()")

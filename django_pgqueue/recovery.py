@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from django.db import connections
 
-from . import conf
+from . import conf, held
 from .schema import IN_FLIGHT, JobStatus, literal, status_in
 
 logger = logging.getLogger("django_pgqueue.recovery")
@@ -106,9 +106,7 @@ def release_held_jobs(using: str | None = None) -> int:
     [`pgqueue_recover`](commands.md#pgqueue_recover) command. Safe to run from many
     processes at once. Calls the SQL function ``pgqueue_release_held_jobs()``.
     """
-    with connections[conf.jobs_database(using)].cursor() as cursor:
-        cursor.execute("SELECT pgqueue_release_held_jobs()")
-        (released,) = cursor.fetchone()
+    released = held.sweep(conf.jobs_database(using))
     if released:
         logger.info("released %d held job(s) whose key has room", released)
-    return int(released)
+    return released
