@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -206,14 +206,9 @@ def _default_key(definition: registry.JobDefinition, data: Any, field: str) -> A
     default = definition.unique_key
     if not callable(default):
         return default
-    try:
-        key = default(data if data is not None else {})
-    except Exception as exc:
-        raise InvalidJobError(
-            field,
-            f"the unique_key function of job type {definition.job_type!r} raised {exc!r}; "
-            "make it return a string (or None for no key) for every payload",
-        ) from exc
+    key = _call_key_function(
+        default, data, definition, "unique_key", "a string (or None for no key)", field
+    )
     if key is not None and not isinstance(key, str):
         raise InvalidJobError(
             field,
@@ -223,20 +218,33 @@ def _default_key(definition: registry.JobDefinition, data: Any, field: str) -> A
     return key
 
 
+def _call_key_function(
+    function: Callable[[Any], Any],
+    data: Any,
+    definition: registry.JobDefinition,
+    option: str,
+    wanted: str,
+    field: str,
+) -> Any:
+    """What the job type's ``option`` function returns for the payload (``{}`` for
+    none); ``InvalidJobError`` naming the job type if it raises."""
+    try:
+        return function(data if data is not None else {})
+    except Exception as exc:
+        raise InvalidJobError(
+            field,
+            f"the {option} function of job type {definition.job_type!r} raised {exc!r}; "
+            f"make it return {wanted} for every payload",
+        ) from exc
+
+
 def _concurrency_key(definition: registry.JobDefinition, data: Any, field: str) -> str:
     """The job's key under its type's per-key limit: the value at the payload path, or
     what the type's key function returns."""
     source = definition.concurrency_key
     payload = data if data is not None else {}
     if callable(source):
-        try:
-            key = source(payload)
-        except Exception as exc:
-            raise InvalidJobError(
-                field,
-                f"the concurrency_key function of job type {definition.job_type!r} raised "
-                f"{exc!r}; make it return a string for every payload",
-            ) from exc
+        key = _call_key_function(source, payload, definition, "concurrency_key", "a string", field)
         if not isinstance(key, str):
             raise InvalidJobError(
                 field,
