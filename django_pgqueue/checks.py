@@ -155,8 +155,8 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
 
 @register(Tags.compatibility)
 def check_job_type_limits(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """Every ``JOB_TYPE_LIMITS`` entry names a job type with a handler (a typo limits
-    nothing)."""
+    """Every ``JOB_TYPE_LIMITS`` and ``JOB_TYPE_RATE_LIMITS`` entry names a job type with
+    a handler (a typo limits nothing)."""
     from . import conf, registry
 
     try:
@@ -167,13 +167,14 @@ def check_job_type_limits(app_configs: Any = None, **kwargs: Any) -> list[CheckM
         return []
     return [
         Warning(
-            f"PGQUEUE['JOB_TYPE_LIMITS'] limits job type {job_type!r}, which has no handler",
+            f"PGQUEUE[{key!r}] limits job type {job_type!r}, which has no handler",
             hint="Correct the name, or make sure the module that registers the handler is "
             "imported (an installed app's jobs.py). A limit on a job type no worker runs "
             "limits nothing.",
             id="django_pgqueue.W301",
         )
-        for job_type in settings_.JOB_TYPE_LIMITS
+        for key in ("JOB_TYPE_LIMITS", "JOB_TYPE_RATE_LIMITS")
+        for job_type in getattr(settings_, key)
         if registry.find_definition(job_type) is None
     ]
 

@@ -14,6 +14,7 @@ from django.dispatch import receiver
 from . import validation
 from .cron import parse_schedule_setting
 from .exceptions import InvalidArgumentError, SettingsError
+from .rates import Rate, parse_rate
 from .schema import (
     CONCURRENCY_LIMIT_MAX,
     MAX_ATTEMPTS_LIMIT,
@@ -59,6 +60,11 @@ class PgQueueSettings:
     QUEUE_LIMITS: dict[str, int] = field(default_factory=dict)
     #: The same per job type; wins over ``@job(concurrency=...)`` (``None`` lifts it).
     JOB_TYPE_LIMITS: dict[str, int | None] = field(default_factory=dict)
+    #: At most so many jobs of a queue started per period (``{"emails": "100/m"}``),
+    #: across all workers; the values are parsed into ``Rate``.
+    QUEUE_RATE_LIMITS: dict[str, Rate] = field(default_factory=dict)
+    #: The same per job type; wins over ``@job(rate_limit=...)`` (``None`` lifts it).
+    JOB_TYPE_RATE_LIMITS: dict[str, Rate | None] = field(default_factory=dict)
     #: Periodic jobs by name (``cron.Schedule``), enqueued by workers on each cron tick.
     SCHEDULE: dict[str, Any] = field(default_factory=dict)
 
@@ -120,6 +126,25 @@ def _limits(key: str, value: Any, *, queues: bool) -> dict[str, Any]:
     return dict(value)
 
 
+def _rate_limits(key: str, value: Any, *, queues: bool) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        example = '{"emails": "100/m"}' if queues else '{"crm.sync_contact": "10/s"}'
+        raise SettingsError(
+            f"{key} must be a dict of {'queue names' if queues else 'job types'} to "
+            f"rates, e.g. {example}; got {type(value).__name__}"
+        )
+    parsed: dict[str, Rate | None] = {}
+    for name, rate in value.items():
+        try:
+            (validation.queue if queues else validation.job_type)(name, f"{key} key")
+            # None in JOB_TYPE_RATE_LIMITS lifts a rate that @job(rate_limit=...) declares.
+            lifted = rate is None and not queues
+            parsed[name] = None if lifted else parse_rate(rate, f"{key}[{name!r}]")
+        except InvalidArgumentError as exc:
+            raise SettingsError(str(exc)) from None
+    return parsed
+
+
 def _validate(raw: dict[str, Any]) -> PgQueueSettings:
     known = {f.name: f for f in fields(PgQueueSettings)}
     unknown = sorted(set(raw) - set(known))
@@ -132,6 +157,8 @@ def _validate(raw: dict[str, Any]) -> PgQueueSettings:
             continue  # validated below, once MAX_PAYLOAD_BYTES is known
         if name in ("QUEUE_LIMITS", "JOB_TYPE_LIMITS"):
             values[name] = _limits(key, value, queues=name == "QUEUE_LIMITS")
+        elif name in ("QUEUE_RATE_LIMITS", "JOB_TYPE_RATE_LIMITS"):
+            values[name] = _rate_limits(key, value, queues=name == "QUEUE_RATE_LIMITS")
         elif name in _OPTIONAL_DURATIONS:
             values[name] = None if value is None else to_seconds(key, value, allow_zero=False)
         elif name in _DURATIONS:

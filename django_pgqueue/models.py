@@ -17,7 +17,7 @@ from django.db.models.functions import Coalesce, Now
 from django.db.models.signals import post_init, pre_init
 from django.utils.translation import gettext_lazy as _
 
-from . import conf, schema
+from . import conf, rates, schema
 from .due import CLAIM_INDEX_FIELDS, not_yet_due_q
 from .exceptions import InvalidJobError, JobCancelled, PgQueueError
 from .held import release_keys
@@ -44,6 +44,8 @@ __all__ = [
     "JobQuerySet",
     "PeriodicTick",
     "QueueState",
+    "RateLimit",
+    "RateLimitStart",
     "WorkerRecord",
 ]
 
@@ -902,6 +904,124 @@ class ConcurrencyLimit(JobsDatabaseModel):
 
     def __str__(self) -> str:
         return f"{self.scope} {self.name}: {self.max_running}"
+
+
+class RateLimitScope(models.TextChoices):
+    QUEUE = "queue", _("Queue")
+    JOB_TYPE = "job_type", _("Job type")
+
+
+class RateLimit(JobsDatabaseModel):
+    """At most ``max_jobs`` jobs of a queue or job type started in any window of
+    ``period_seconds``, across all workers; ``claim_job_batch`` enforces it.
+
+    As with [`ConcurrencyLimit`][django_pgqueue.models.ConcurrencyLimit], ``declared``
+    is what the code and settings say (workers write it when they start) and
+    ``override`` what staff set, in the admin or with
+    [`override_rate_limit()`][django_pgqueue.rate_limits.override_rate_limit]; the
+    database computes the rate enforced from the two.
+
+    A row of ``pgqueue_rate_limits``; see [rate limits](#rate-limits).
+
+    Attributes:
+        scope (CharField): ``"queue"`` or ``"job_type"``.
+        name (CharField): The queue or job type.
+        declared_jobs (IntegerField): Jobs per period declared, or ``NULL``.
+        declared_seconds (IntegerField): The declared period in seconds, or ``NULL``.
+        override_jobs (IntegerField): Jobs per period set by staff, or ``NULL``.
+        override_seconds (IntegerField): The period set by staff, or ``NULL``.
+        max_jobs (GeneratedField): Jobs per period enforced: the override's if set.
+        period_seconds (GeneratedField): The period enforced: the override's if set.
+        updated_at (DateTimeField): When the row last changed.
+    """
+
+    scope = models.CharField(max_length=16, choices=RateLimitScope.choices)
+    name = models.CharField(max_length=255)
+    declared_jobs = models.IntegerField(null=True, blank=True, editable=False)
+    declared_seconds = models.IntegerField(null=True, blank=True, editable=False)
+    override_jobs = models.IntegerField(null=True, blank=True)
+    override_seconds = models.IntegerField(null=True, blank=True)
+    #: One rule, in the database: the override's rate if set, else the declared one.
+    max_jobs = models.GeneratedField(
+        expression=Coalesce("override_jobs", "declared_jobs"),
+        output_field=models.IntegerField(),
+        db_persist=True,
+    )
+    period_seconds = models.GeneratedField(
+        expression=models.Case(
+            models.When(override_jobs__isnull=False, then="override_seconds"),
+            default="declared_seconds",
+        ),
+        output_field=models.IntegerField(),
+        db_persist=True,
+    )
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "pgqueue_rate_limits"
+        ordering = ("scope", "name")
+        verbose_name = _("rate limit")
+        verbose_name_plural = _("rate limits")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["scope", "name"], name="pgqueue_rate_limits_scope_name"
+            ),
+            models.CheckConstraint(
+                condition=Q(scope__in=RateLimitScope.values),
+                name="pgqueue_rate_limits_scope_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(declared_jobs__isnull=True, declared_seconds__isnull=True)
+                | Q(
+                    declared_jobs__range=(1, rates.RATE_JOBS_MAX),
+                    declared_seconds__range=(1, rates.RATE_PERIOD_MAX_SECONDS),
+                ),
+                name="pgqueue_rate_limits_declared_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(override_jobs__isnull=True, override_seconds__isnull=True)
+                | Q(
+                    override_jobs__range=(1, rates.RATE_JOBS_MAX),
+                    override_seconds__range=(1, rates.RATE_PERIOD_MAX_SECONDS),
+                ),
+                name="pgqueue_rate_limits_override_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(declared_jobs__isnull=False) | Q(override_jobs__isnull=False),
+                name="pgqueue_rate_limits_declared_or_override",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.scope} {self.name}: {self.rate}"
+
+    @property
+    def rate(self) -> rates.Rate:
+        """The rate enforced."""
+        return rates.Rate(self.max_jobs, self.period_seconds)
+
+
+class RateLimitStart(JobsDatabaseModel):
+    """How many jobs under a rate limit ``claim_job_batch`` started at one moment: the
+    sliding window a rate limit is counted in.
+
+    Written by the claim under the limit's lock; rows older than their limit's period are
+    deleted by workers' recovery. Table ``pgqueue_rate_starts``.
+    """
+
+    pk = models.CompositePrimaryKey("scope", "name", "started_at")
+    scope = models.CharField(max_length=16)
+    name = models.CharField(max_length=255)
+    started_at = models.DateTimeField()
+    jobs = models.IntegerField()
+
+    class Meta:
+        db_table = "pgqueue_rate_starts"
+        verbose_name = _("rate limit start")
+        verbose_name_plural = _("rate limit starts")
+
+    def __str__(self) -> str:
+        return f"{self.scope} {self.name}: {self.jobs} at {self.started_at.isoformat()}"
 
 
 class PeriodicTick(JobsDatabaseModel):

@@ -144,6 +144,15 @@ class JobOptions(JobDefaults, total=False):
     at most 255 characters raises ``InvalidJobError`` (``field`` ``"concurrency_key"``).
     Needs ``concurrency``. See
     [Limit jobs per key](../how-to/per-key-concurrency.md)."""
+    rate_limit: str | None
+    """At most so many jobs of this type started in any window of a period, across all
+    workers: ``"100/m"``, ``"10/s"``, ``"5000/h"``, ``"30/10s"`` (units ``s``, ``m``,
+    ``h``, ``d``; 1 to 1,000,000 jobs; a period from a second to 7 days). A job over the
+    limit stays pending, its attempts untouched, and starts as soon as the window has
+    room. [`PGQUEUE["JOB_TYPE_RATE_LIMITS"]`](settings.md#rate-limits) wins over it for
+    the same job type. A malformed rate raises ``InvalidArgumentError``
+    (``field`` ``"rate_limit"``) at registration. See
+    [Rate-limit jobs](../how-to/rate-limits.md)."""
 
 
 __all__ = ["EnqueueOptions", "JobDefaults", "JobOptions", "JobSpec"]

@@ -28,6 +28,7 @@ from .options import (
     UniqueKey,
     check_keys,
 )
+from .rates import Rate, parse_rate
 
 if TYPE_CHECKING:
     from .models import Job
@@ -57,6 +58,7 @@ class JobDefinition:
         schedule: As given to ``@job`` (normalised), or ``None``.
         concurrency: As given to ``@job``, or ``None``.
         concurrency_key: As given to ``@job`` (a payload path or a callable), or ``None``.
+        rate_limit: The rate given to ``@job``, parsed, or ``None``.
     """
 
     def __init__(
@@ -75,6 +77,7 @@ class JobDefinition:
         schedule: str | None = None,
         concurrency: int | None = None,
         concurrency_key: ConcurrencyKey | None = None,
+        rate_limit: Rate | None = None,
     ) -> None:
         self.func = func
         self.job_type = job_type
@@ -94,6 +97,8 @@ class JobDefinition:
         self.concurrency = concurrency
         #: With it, ``concurrency`` applies to each key: a payload path or ``callable(data)``.
         self.concurrency_key = concurrency_key
+        #: At most ``rate_limit.jobs`` jobs of this type started per ``rate_limit.seconds``.
+        self.rate_limit = rate_limit
         functools.update_wrapper(self, func)
 
     def __call__(self, job: Job) -> Any:
@@ -316,7 +321,7 @@ def job(
             ``queue``, ``priority``, ``max_attempts`` (defaults of the type's enqueues),
             ``timeout``, ``retry_backoff``, ``atomic`` (default ``True``),
             ``unique_key``, ``unique_for``, ``schedule``, ``concurrency``,
-            ``concurrency_key``. An undeclared keyword raises
+            ``concurrency_key``, ``rate_limit``. An undeclared keyword raises
             ``TypeError``.
 
     Returns:
@@ -324,6 +329,7 @@ def job(
             arguments, a decorator that returns one).
 
     Raises:
+        InvalidArgumentError: At decoration time, for a malformed ``rate_limit``.
         InvalidJobError: At decoration time, for an invalid ``job_type``, ``queue``,
             ``priority``, ``max_attempts``, ``timeout``, ``unique_for`` or ``schedule``
             (the message says what is wrong with the cron expression), or a string
@@ -352,6 +358,7 @@ def job(
     schedule = options.get("schedule")
     concurrency = options.get("concurrency")
     concurrency_key = options.get("concurrency_key")
+    rate_limit = options.get("rate_limit")
     if callable(job_type):
         return job()(job_type)
     if job_type is not None:
@@ -387,6 +394,7 @@ def job(
         _check_concurrency_key(concurrency_key, concurrency)
     if schedule is not None:
         schedule = validate_cron(schedule)
+    rate = None if rate_limit is None else parse_rate(rate_limit, "rate_limit")
 
     def decorate(func: Handler) -> JobDefinition:
         if not callable(func):
@@ -408,6 +416,7 @@ def job(
                 schedule=schedule,
                 concurrency=concurrency,
                 concurrency_key=concurrency_key,
+                rate_limit=rate,
             )
         )
 

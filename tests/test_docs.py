@@ -34,6 +34,8 @@ PUBLIC_MODULES = [
     "django_pgqueue.options",
     "django_pgqueue.periodic",
     "django_pgqueue.queues",
+    "django_pgqueue.rate_limits",
+    "django_pgqueue.rates",
     "django_pgqueue.recovery",
     "django_pgqueue.registry",
     "django_pgqueue.routers",

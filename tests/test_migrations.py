@@ -15,7 +15,8 @@ from django_pgqueue import enqueue
 
 SQL_DIR = resources.files("django_pgqueue").joinpath("sql")
 FUNCTIONS = [
-    "claim_job_batch(text, text[], integer, text[], boolean)",
+    "claim_job_batch(text, text[], integer, text[], boolean, integer)",
+    "pgqueue_rate_limit_wait(text[], text[])",
     "recover_stale_jobs(interval)",
 ]
 INDEXES = [

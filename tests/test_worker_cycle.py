@@ -83,6 +83,23 @@ def test_plain_completions_are_written_as_the_general_statement_writes_them(work
     assert lean["result"] is None
 
 
+def test_plain_completions_of_jobs_started_at_once_keep_the_claims_start_time(worker):
+    # A job a free slot started at once has no start time of its own (started=None):
+    # both statements keep the one the claim recorded.
+    first, second = (enqueue("tests.noop", {"n": n}) for n in range(2))
+    claim(worker, 2)
+    claimed_start = row(first.id)["started_at"]
+    outcomes = [Outcome(first.id, "completed"), Outcome(second.id, "completed")]
+
+    assert _finish_statement(outcomes, worker.worker_id)[0] == queries.FINISH_COMPLETED
+    conn = worker._db()
+    conn.execute(queries.FINISH_COMPLETED, _finish_completed_params(outcomes[:1], "cycle-worker"))
+    conn.execute(queries.FINISH, _finish_params(outcomes[1:], "cycle-worker"))
+
+    assert row(first.id)["status"] == row(second.id)["status"] == JobStatus.COMPLETED
+    assert row(first.id)["started_at"] == row(second.id)["started_at"] == claimed_start
+
+
 @pytest.mark.parametrize(
     "other",
     [
@@ -91,9 +108,8 @@ def test_plain_completions_are_written_as_the_general_statement_writes_them(work
         Outcome(None, "pending", delay=1.0, error="ValueError: x"),
         Outcome(None, "failed", error="ValueError: x"),
         Outcome(None, "cancelled", error="cancelled before it started"),
-        Outcome(None, "completed"),  # never started: no start time
     ],
-    ids=["result", "note", "retry", "failed", "cancelled", "no-start-time"],
+    ids=["result", "note", "retry", "failed", "cancelled"],
 )
 def test_a_batch_with_anything_but_plain_completions_uses_the_general_statement(other):
     plain = Outcome(None, "completed", started=time.time())

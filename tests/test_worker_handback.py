@@ -9,11 +9,13 @@ from django_pgqueue.worker.execution import Outcome, RunningJob
 from django_pgqueue.worker.handback import forced_exit_outcomes
 
 
-def held(*, attempts=1, max_attempts=3, started=True, outcome=None):
+def held(*, attempts=1, max_attempts=3, started=True, outcome=None, buffered=False):
     job = Job(
         id=uuid.uuid4(), job_type="tests.record", attempts=attempts, max_attempts=max_attempts
     )
-    running = RunningJob(job=job, definition=registry.find_definition(job.job_type))
+    running = RunningJob(
+        job=job, definition=registry.find_definition(job.job_type), buffered=buffered
+    )
     running.started_wall = 1_000.0 if started else None
     running.outcome = outcome
     return running
@@ -38,12 +40,17 @@ def test_a_job_that_never_started_gets_its_attempt_back():
 
 
 def test_outcomes_already_known_are_written_as_they_are():
-    finished = held(outcome=Outcome(uuid.uuid4(), "completed"))
+    # A job a slot took from the prefetch buffer records when its handler started; one
+    # started at once keeps the claim's time (started None).
+    finished = held(outcome=Outcome(uuid.uuid4(), "completed"), buffered=True)
     finished.outcome.job_id = finished.job.id
+    started_at_once = held(outcome=Outcome(uuid.uuid4(), "completed"))
+    started_at_once.outcome.job_id = started_at_once.job.id
     released = held(started=False)
     unflushed = Outcome(released.job.id, "pending", refund=1)  # a graceful release
-    outcomes = forced_exit_outcomes([finished, released], [unflushed])
+    outcomes = forced_exit_outcomes([finished, started_at_once, released], [unflushed])
     assert [(o.job_id, o.status, o.started) for o in outcomes] == [
         (released.job.id, "pending", None),
         (finished.job.id, "completed", 1_000.0),
+        (started_at_once.job.id, "completed", None),
     ]

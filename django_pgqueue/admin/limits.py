@@ -27,11 +27,56 @@ from ..limits import override_limit
 from ..models import ConcurrencyLimit, LimitScope
 
 if TYPE_CHECKING:
-    LimitModelAdmin = admin.ModelAdmin[ConcurrencyLimit]
     LimitForm = forms.ModelForm[ConcurrencyLimit]
+    # Any: the subclasses narrow it to their model (ModelAdmin is not generic at run time).
+    LimitModelAdmin = admin.ModelAdmin[Any]
 else:
-    LimitModelAdmin = admin.ModelAdmin
     LimitForm = forms.ModelForm
+    LimitModelAdmin = admin.ModelAdmin
+
+_Limit = Any
+
+
+class DeclaredLimitAdmin(LimitModelAdmin):
+    """What the admins of concurrency and rate limits share: a limit that the code or
+    settings declare cannot be deleted (its next worker would write it back); deleting
+    one that only an override holds clears the override, through the limits' API."""
+
+    def is_declared(self, obj: _Limit) -> bool:
+        """Whether the code or settings declare ``obj``."""
+        raise NotImplementedError
+
+    def clear_override(self, obj: _Limit) -> None:
+        """Clear the override of ``obj``, which removes a limit nothing declares."""
+        raise NotImplementedError
+
+    def has_delete_permission(self, request: HttpRequest, obj: _Limit | None = None) -> bool:
+        allowed = super().has_delete_permission(request, obj)
+        return allowed and (obj is None or not self.is_declared(obj))
+
+    def get_deleted_objects(
+        self, objs: Sequence[_Limit] | QuerySet[_Limit], request: HttpRequest
+    ) -> tuple[list[Any], dict[Any, Any], set[str], list[Any]]:
+        """Declared limits are protected: the bulk delete action refuses a selection that
+        has one, and says why. (Django would name a missing permission instead: the
+        per-object ``has_delete_permission`` refuses declared limits.)"""
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        if super().has_delete_permission(request):
+            perms_needed = set()
+        declared = [
+            _("%(limit)s: declared by the code or settings; clear its override instead")
+            % {"limit": f"{getattr(limit, 'scope', '')} {getattr(limit, 'name', '')}"}
+            for limit in objs
+            if self.is_declared(limit)
+        ]
+        return deleted, counts, perms_needed, [*protected, *declared]
+
+    def delete_model(self, request: HttpRequest, obj: _Limit) -> None:
+        self.clear_override(obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
+        for limit in queryset:
+            self.delete_model(request, limit)
 
 
 class ConcurrencyLimitForm(LimitForm):
@@ -62,7 +107,7 @@ class ConcurrencyLimitForm(LimitForm):
         return cleaned
 
 
-class ConcurrencyLimitAdmin(LimitModelAdmin):
+class ConcurrencyLimitAdmin(DeclaredLimitAdmin):
     form = ConcurrencyLimitForm
     list_display = ("scope", "name", "declared", "override", "max_running", "updated_at")
     list_display_links = ("scope", "name")
@@ -76,12 +121,8 @@ class ConcurrencyLimitAdmin(LimitModelAdmin):
         computed = ("declared", "max_running", "updated_at")
         return ("scope", "name", *computed) if obj is not None else computed
 
-    def has_delete_permission(
-        self, request: HttpRequest, obj: ConcurrencyLimit | None = None
-    ) -> bool:
-        # Only limits that nothing declares: a worker would write a declared one back.
-        allowed = super().has_delete_permission(request, obj)
-        return allowed and (obj is None or obj.declared is None)
+    def is_declared(self, obj: ConcurrencyLimit) -> bool:
+        return obj.declared is not None
 
     def save_model(
         self, request: HttpRequest, obj: ConcurrencyLimit, form: Any, change: bool
@@ -91,26 +132,5 @@ class ConcurrencyLimitAdmin(LimitModelAdmin):
         saved = ConcurrencyLimit.objects.get(scope=state.scope, name=state.name)
         obj.pk, obj.declared, obj.updated_at = saved.pk, saved.declared, saved.updated_at
 
-    def get_deleted_objects(
-        self, objs: Sequence[ConcurrencyLimit] | QuerySet[ConcurrencyLimit], request: HttpRequest
-    ) -> tuple[list[Any], dict[Any, Any], set[str], list[Any]]:
-        """Declared limits are protected: the bulk delete action refuses a selection that
-        has one, and says why. (Django would name a missing permission instead: the
-        per-object ``has_delete_permission`` refuses declared limits.)"""
-        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
-        if super().has_delete_permission(request):
-            perms_needed = set()
-        declared = [
-            _("%(limit)s: declared by the code or settings; clear its override instead")
-            % {"limit": f"{limit.scope} {limit.name}"}
-            for limit in objs
-            if limit.declared is not None
-        ]
-        return deleted, counts, perms_needed, [*protected, *declared]
-
-    def delete_model(self, request: HttpRequest, obj: ConcurrencyLimit) -> None:
+    def clear_override(self, obj: ConcurrencyLimit) -> None:
         override_limit(obj.scope, obj.name, None, using=obj._state.db)
-
-    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
-        for limit in queryset:
-            self.delete_model(request, limit)

@@ -96,12 +96,20 @@ class RunningJob:
     timeout_signalled_at: float | None = None
     abandoned: bool = False
     outcome: Outcome | None = None
-    #: When a slot started the handler: ``time.time()`` (recorded as ``started_at``) and
-    #: ``time.monotonic()``; None while the job waits in the worker's prefetch buffer.
+    #: When a slot started the handler: ``time.time()`` and ``time.monotonic()``; None
+    #: while the job waits in the worker's prefetch buffer.
     started_wall: float | None = None
     started_monotonic: float | None = None
     #: Seconds the handler ran, once it returned.
     duration: float | None = None
+    #: Whether it went to the prefetch buffer, every slot being busy when it was claimed.
+    buffered: bool = False
+
+    def recorded_start(self) -> float | None:
+        """What ``started_at`` becomes when the outcome is written: when a slot took
+        the job from the prefetch buffer; ``None`` (the claim's time stays) for a job a
+        free slot started at once, as every job under a rate limit is."""
+        return self.started_wall if self.buffered else None
 
 
 def retry_or_fail(running: RunningJob, error: str, tb: str | None, delay: float | None) -> Outcome:
@@ -221,7 +229,8 @@ def execute(running: RunningJob, alias: str) -> Outcome:
     job._cancel_event = running.cancel_event
     running.started_wall = time.time()
     running.started_monotonic = time.monotonic()
-    job.started_at = datetime.fromtimestamp(running.started_wall, tz=UTC)
+    if running.buffered or job.started_at is None:
+        job.started_at = datetime.fromtimestamp(running.started_wall, tz=UTC)
     if definition.timeout:
         running.deadline = running.started_monotonic + definition.timeout
     _send(signals.job_started, job)

@@ -53,7 +53,8 @@ def forced_exit_outcomes(held: Iterable[RunningJob], unflushed: Iterable[Outcome
         if job_id in outcomes:
             continue
         if running.outcome is not None:  # finished, not yet taken by the main loop
-            outcomes[job_id] = dataclasses.replace(running.outcome, started=running.started_wall)
+            started = running.recorded_start()
+            outcomes[job_id] = dataclasses.replace(running.outcome, started=started)
         elif running.started_wall is None:
             outcomes[job_id] = Outcome(job_id, PENDING, refund=1, error=FORCED_EXIT_ERROR)
         else:

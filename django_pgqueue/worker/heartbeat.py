@@ -17,6 +17,7 @@ from django.utils import timezone
 from ..exceptions import PgQueueError
 from ..periodic import enqueue_due_ticks, next_tick
 from ..pruning import prune_by_settings
+from ..rate_limits import prune_rate_starts
 from ..recovery import recover_stale_jobs, release_held_jobs
 from . import queries
 from .execution import RunningJob
@@ -37,6 +38,7 @@ class Heartbeat(threading.Thread):
         unflushed_job_ids: Callable[[], list[Any]],
         stopping: threading.Event,
         run_schedules: bool = True,
+        on_rate_limited: Callable[[bool], None] | None = None,
     ) -> None:
         super().__init__(name="pgqueue-heartbeat", daemon=True)
         self._alias = alias
@@ -48,6 +50,7 @@ class Heartbeat(threading.Thread):
         self._unflushed_job_ids = unflushed_job_ids
         self._stopping = stopping
         self._run_schedules = run_schedules
+        self._on_rate_limited = on_rate_limited
 
     def run(self) -> None:
         started = time.monotonic()
@@ -73,6 +76,7 @@ class Heartbeat(threading.Thread):
                 next_recovery = time.monotonic() + self._recover_interval
                 recover_stale_jobs(self._stale_after, using=self._alias)
                 release_held_jobs(using=self._alias)
+                prune_rate_starts(using=self._alias)
                 with connections[self._alias].cursor() as cursor:
                     cursor.execute(queries.FORGET_OLD_WORKERS)
             # Bounded in time so that heartbeats stay on schedule; a backlog of
@@ -117,12 +121,16 @@ class Heartbeat(threading.Thread):
         """Refresh ``heartbeat_at`` of held jobs and deliver cancellation requests.
 
         Held jobs are those running in a slot and those whose outcome is not written yet.
+        Also tells the worker whether rate limits exist (staff may add one at any time).
         """
         # Snapshot before the query: a job claimed after it cannot be mistaken for lost.
         held = {running.job.id: running for running in self._held_jobs()}
         ids = [*held, *self._unflushed_job_ids()]
         with connections[self._alias].cursor() as cursor:
             cursor.execute(queries.WORKER_HEARTBEAT, [self._worker_id])
+            if self._on_rate_limited is not None:
+                cursor.execute(queries.RATE_LIMITED)
+                self._on_rate_limited(bool(cursor.fetchone()[0]))
             if not ids:
                 return
             cursor.execute(queries.HEARTBEAT, [ids, self._worker_id])

@@ -12,9 +12,17 @@ _HELD = status_in(IN_FLIGHT, "jobs.status")
 
 # Straight into 'running' (p_start): the jobs go to the slots in this transaction, a
 # free slot starting each at once or, prefetched, as soon as one frees up; FINISH then
-# records when each handler actually started.
+# records when a prefetched one actually started. The last parameter is the number of
+# free slots: a batch with jobs under a rate limit is no larger, so none is prefetched.
 # Sorted by the server, in the order the slots should start them.
-CLAIM = f"SELECT * FROM claim_job_batch(%s, %s, %s, %s, true) ORDER BY {CLAIM_ORDER}"
+CLAIM = f"SELECT * FROM claim_job_batch(%s, %s, %s, %s, true, %s) ORDER BY {CLAIM_ORDER}"
+
+# After a claim: seconds until a full rate limit of these job types and queues has room
+# (NULL: none is full), so that the worker claims then rather than at its next poll.
+RATE_LIMIT_WAIT = "SELECT pgqueue_rate_limit_wait(%s, %s)"
+
+# Whether any rate limit exists: only then does a worker ask RATE_LIMIT_WAIT.
+RATE_LIMITED = "SELECT EXISTS (SELECT 1 FROM pgqueue_rate_limits)"
 
 # One statement finishes a whole batch of outcomes: completions, retries, failures and
 # cancellations alike. A job retried goes back to pending with no worker; a finished
@@ -46,13 +54,14 @@ RETURNING jobs.id
 
 # FINISH for a batch in which every job completed with no result and no note: what
 # FINISH writes for such outcomes, from two arrays instead of eight (most batches).
+# A binary float array has no NULL: NaN stands for "keep the claim's started_at".
 FINISH_COMPLETED = f"""
 UPDATE pgqueue_jobs AS jobs
    SET status = {_COMPLETED},
        progress = 100,
        completed_at = now(),
        result = NULL,
-       started_at = COALESCE(to_timestamp(o.started), jobs.started_at)
+       started_at = COALESCE(to_timestamp(NULLIF(o.started, 'NaN')), jobs.started_at)
   FROM unnest(%b::uuid[], %b::float8[]) AS o(id, started)
  WHERE jobs.id = o.id
    AND jobs.worker_id = %s

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import queue
 import secrets
@@ -20,7 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from types import FrameType
-from typing import Any, cast
+from typing import Any
 
 import psycopg
 
@@ -175,6 +176,10 @@ class Worker:
         self._conn: psycopg.Connection[Any] | None = None
         self._listener: NotificationListener | None = None
         self._last_claim_at = 0.0
+        #: Whether rate limits exist (refreshed by the heartbeat), and when the first full
+        #: one of this worker's job types and queues has room (``time.monotonic()``).
+        self.rate_limited = False
+        self._rate_room_at: float | None = None
         #: Moving average of handler run times (None until a job ran).
         self._average_duration: float | None = None
 
@@ -327,16 +332,21 @@ class Worker:
                     return
 
     def _sync_limits(self) -> None:
-        """Write the declared concurrency limits, which ``claim_job_batch`` enforces."""
+        """Write the declared concurrency and rate limits, which ``claim_job_batch``
+        enforces."""
         from django.db import DatabaseError
 
         from ..limits import sync_declared_limits
+        from ..rate_limits import sync_declared_rate_limits
 
         try:
             sync_declared_limits(self.using)
-        except DatabaseError as exc:
+            sync_declared_rate_limits(self.using)
+            row = self._db().execute(queries.RATE_LIMITED).fetchone()
+            self.rate_limited = bool(row and row[0])
+        except (DatabaseError, psycopg.Error) as exc:
             # The limits stored by an earlier worker still apply: keep running.
-            logger.error("could not write the declared concurrency limits (%s)", exc)
+            logger.error("could not write the declared limits (%s)", exc)
 
     def _mark_stopped(self) -> None:
         try:
@@ -399,11 +409,17 @@ class Worker:
             recheck_at = self._listener.last_notified + NOTIFY_COALESCE_SECONDS
             if self._last_claim_at < recheck_at:
                 timeout = min(timeout, max(recheck_at - now, 0.0))
+        if self._rate_room_at is not None and self._free_slots() > 0:
+            timeout = min(timeout, max(self._rate_room_at - now, 0.0))
         return timeout
 
     def _room(self) -> int:
         """How many more jobs to hold: free slots plus the prefetch buffer's room."""
         return self.concurrency + self._prefetch_depth() - len(self._running) - len(self._abandoned)
+
+    def _free_slots(self) -> int:
+        """Slots idle now: a job handed to one starts at once."""
+        return max(self.concurrency - len(self._running) - len(self._abandoned), 0)
 
     def _prefetch_depth(self) -> int:
         average = self._average_duration
@@ -433,7 +449,7 @@ class Worker:
         if asked:
             self._last_claim_at = time.monotonic()
         conn = self._db()
-        finish = claim = None
+        finish = claim = rate_wait = None
         with conn.pipeline():
             # Plain server-binding cursors (Django's settings may make the connection's
             # default a ClientCursor, which quotes parameters into the SQL in Python and
@@ -448,11 +464,19 @@ class Worker:
                 claim = psycopg.Cursor(conn)
                 claim.execute(
                     queries.CLAIM,
-                    [self.worker_id, self.job_types, asked, self.queues],
+                    [self.worker_id, self.job_types, asked, self.queues, self._free_slots()],
                     binary=True,
                     prepare=False,
                 )
+                if self.rate_limited:
+                    rate_wait = psycopg.Cursor(conn)
+                    rate_wait.execute(
+                        queries.RATE_LIMIT_WAIT, [self.job_types, self.queues], prepare=False
+                    )
         self.round_trips += 1
+        if rate_wait is not None:
+            (seconds,) = rate_wait.fetchone() or (None,)
+            self._rate_room_at = None if seconds is None else time.monotonic() + seconds
         if finish is not None:
             self._record_finished(outcomes, finish)
         if claim is None:
@@ -466,6 +490,7 @@ class Worker:
         return jobs, asked
 
     def _start(self, jobs: list[Job], slots: SlotPool) -> None:
+        free = self._free_slots()
         for job in jobs:
             if job.cancel_requested_at is not None:
                 self._outcomes.append(
@@ -473,7 +498,10 @@ class Worker:
                 )
                 continue
             # The slot sets the deadline when it starts the handler (execution.execute).
-            running = RunningJob(job=job, definition=registry.find_definition(job.job_type))
+            running = RunningJob(
+                job=job, definition=registry.find_definition(job.job_type), buffered=free <= 0
+            )
+            free -= 1
             self._running[job.id] = running
             slots.submit(running)
 
@@ -512,7 +540,7 @@ class Worker:
             if self._abandoned.pop(job_id, None) is not None:
                 continue  # its timeout outcome was recorded when it was abandoned
             self._running.pop(job_id, None)
-            outcome.started = running.started_wall
+            outcome.started = running.recorded_start()
             if running.duration is not None:
                 self._observe_duration(running.duration)
             self._outcomes.append(outcome)
@@ -534,7 +562,7 @@ class Worker:
                 del self._running[job_id]
                 self._abandoned[job_id] = running
                 outcome = timeout_outcome(running)
-                outcome.started = running.started_wall
+                outcome.started = running.recorded_start()
                 self._outcomes.append(outcome)
 
     # -- shutdown -----------------------------------------------------------------------
@@ -585,6 +613,7 @@ class Worker:
                 held_jobs=lambda: list(self._running.values()),
                 unflushed_job_ids=lambda: [outcome.job_id for outcome in self._outcomes],
                 stopping=self._threads_stopping,
+                on_rate_limited=lambda limited: setattr(self, "rate_limited", limited),
             )
         ]
         if self.listen:
@@ -644,10 +673,7 @@ class Worker:
 def _finish_statement(outcomes: list[Outcome], worker_id: str) -> tuple[str, list[Any]]:
     """The statement recording ``outcomes``, and its parameters: ``FINISH_COMPLETED``
     when every job completed with no result and no note, else ``FINISH``."""
-    if all(
-        o.status == COMPLETED and o.result is None and o.error is None and o.started is not None
-        for o in outcomes
-    ):
+    if all(o.status == COMPLETED and o.result is None and o.error is None for o in outcomes):
         return queries.FINISH_COMPLETED, _finish_completed_params(outcomes, worker_id)
     return queries.FINISH, _finish_params(outcomes, worker_id)
 
@@ -655,8 +681,7 @@ def _finish_statement(outcomes: list[Outcome], worker_id: str) -> tuple[str, lis
 def _finish_completed_params(outcomes: list[Outcome], worker_id: str) -> list[Any]:
     return [
         UUIDArray([o.job_id for o in outcomes]),
-        # _finish_statement sends no outcome without a start time here.
-        Float8Array(cast("list[float]", [o.started for o in outcomes])),
+        Float8Array([math.nan if o.started is None else o.started for o in outcomes]),
         worker_id,
     ]
 

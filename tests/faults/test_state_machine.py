@@ -87,7 +87,7 @@ class JobStateMachine(RuleBasedStateMachine):
         starts its jobs later (claimed)."""
         with connection.cursor() as cursor:
             if start:
-                cursor.execute(queries.CLAIM, [worker, None, batch, None])
+                cursor.execute(queries.CLAIM, [worker, None, batch, None, batch])
             else:
                 cursor.execute("SELECT * FROM claim_job_batch(%s, NULL, %s)", [worker, batch])
 

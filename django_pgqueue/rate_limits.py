@@ -1,0 +1,312 @@
+"""Rate limits: declared in code or settings, written to ``pgqueue_rate_limits`` by
+workers, overridden by staff, enforced by ``claim_job_batch``.
+
+A rate limit caps how many jobs of a queue or of a job type are started in any window
+of its period, across all workers. They are declared in ``PGQUEUE["QUEUE_RATE_LIMITS"]``,
+``PGQUEUE["JOB_TYPE_RATE_LIMITS"]`` and ``@job(rate_limit=...)``; the setting wins over
+the decorator for the same job type (``None`` in the setting lifts it). Every worker
+writes the declared rates when it starts (``sync_declared_rate_limits()``): all workers
+of a deployment must share the settings and job modules.
+
+Staff override a rate at run time (``override_rate_limit()``, or the admin): the override
+wins from the next claim on and is never changed by workers.
+
+The claim logs what it starts under each limit in ``pgqueue_rate_starts``; workers'
+recovery deletes the rows that left their window (``prune_rate_starts()``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from django.db import connections, transaction
+
+from . import conf, registry, validation
+from .exceptions import InvalidArgumentError
+from .models import RateLimitScope
+from .rates import Rate, parse_rate
+
+logger = logging.getLogger("django_pgqueue.limits")
+
+__all__ = [
+    "RateLimitState",
+    "declared_rate_limits",
+    "override_rate_limit",
+    "prune_rate_starts",
+    "rate_limit_states",
+    "sync_declared_rate_limits",
+]
+
+#: ``(scope, name)``: scope is ``"queue"`` or ``"job_type"``.
+RateLimitKey = tuple[str, str]
+
+# Serialises the writers of pgqueue_rate_limits (worker syncs, overrides).
+_SYNC_LOCK_KEY = "pgqueue_rate_limits:sync"
+
+
+def window_sql(limits: str, what: str) -> str:
+    """SQL of ``what`` (over ``pgqueue_rate_starts AS s``) for the window, ending now,
+    of the rate limit row ``limits`` (a table or alias of ``pgqueue_rate_limits``)."""
+    return (
+        f"(SELECT {what} FROM pgqueue_rate_starts AS s "
+        f"WHERE s.scope = {limits}.scope AND s.name = {limits}.name "
+        f"AND s.started_at > clock_timestamp() - {limits}.period_seconds * interval '1 second')"
+    )
+
+
+def started_in_window_sql(limits: str) -> str:
+    """SQL: how many jobs the rate limit row ``limits`` started in its window."""
+    return window_sql(limits, "COALESCE(sum(s.jobs), 0)")
+
+
+def room_in_sql(limits: str) -> str:
+    """SQL: seconds until the window of the rate limit row ``limits`` has room, or NULL
+    when it has room now: its oldest start leaves the window then."""
+    oldest = window_sql(limits, "min(s.started_at)")
+    return (
+        f"CASE WHEN {started_in_window_sql(limits)} >= {limits}.max_jobs THEN "
+        f"greatest(extract(epoch FROM {oldest} + {limits}.period_seconds * interval '1 second'"
+        f" - clock_timestamp()), 0) END"
+    )
+
+
+# Each limit with what its window holds now, and when the window next has room.
+_STATES = f"""
+SELECT r.scope, r.name, r.declared_jobs, r.declared_seconds, r.override_jobs,
+       r.override_seconds, r.max_jobs, r.period_seconds, {started_in_window_sql("r")},
+       {room_in_sql("r")}
+  FROM pgqueue_rate_limits AS r
+ ORDER BY 1, 2
+"""
+
+# Rows that left their limit's window, and those of limits that are gone.
+_PRUNE = """
+DELETE FROM pgqueue_rate_starts AS s
+ WHERE NOT EXISTS (
+    SELECT 1 FROM pgqueue_rate_limits AS r
+     WHERE r.scope = s.scope AND r.name = s.name
+       AND s.started_at > now() - r.period_seconds * interval '1 second')
+"""
+
+
+@dataclass(frozen=True)
+class RateLimitState:
+    """One rate limit as stored, and how full its window is now."""
+
+    scope: str
+    """``"queue"`` or ``"job_type"``."""
+    name: str
+    """The queue or job type."""
+    declared: Rate | None
+    """What the code and settings declare (``None``: nothing does)."""
+    override: Rate | None
+    """What staff set (``None``: no override)."""
+    rate: Rate
+    """The rate enforced: the override if set, else the declared rate."""
+    started_in_window: int
+    """Jobs started in the window that ends now."""
+    room_in: float | None
+    """Seconds until the window has room again when it is full; ``None`` when it has
+    room now."""
+
+
+def _rate(jobs: int | None, seconds: int | None) -> Rate | None:
+    return None if jobs is None or seconds is None else Rate(jobs, seconds)
+
+
+def declared_rate_limits() -> dict[RateLimitKey, Rate]:
+    """The rate limits this process's settings and ``@job`` registrations declare.
+
+    By ``(scope, name)``: ``PGQUEUE["QUEUE_RATE_LIMITS"]``, then
+    ``@job(rate_limit=...)``, then ``PGQUEUE["JOB_TYPE_RATE_LIMITS"]`` (which wins over a
+    job type's own rate; ``None`` removes it).
+    """
+    settings = conf.get_settings()
+    declared: dict[RateLimitKey, Rate] = {
+        (RateLimitScope.QUEUE.value, name): rate
+        for name, rate in settings.QUEUE_RATE_LIMITS.items()
+    }
+    for job_type in registry.registered_job_types():
+        rate_limit = registry.get_definition(job_type).rate_limit
+        if rate_limit is not None:
+            declared[(RateLimitScope.JOB_TYPE.value, job_type)] = rate_limit
+    for job_type, setting in settings.JOB_TYPE_RATE_LIMITS.items():
+        key = (RateLimitScope.JOB_TYPE.value, job_type)
+        if setting is None:
+            declared.pop(key, None)
+        else:
+            declared[key] = setting
+    return dict(sorted(declared.items()))
+
+
+def rate_limit_states(using: str | None = None) -> list[RateLimitState]:
+    """Every stored rate limit with its window now, sorted by scope and name."""
+    alias = conf.jobs_database(using)
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_STATES)
+        rows = cursor.fetchall()
+    return [
+        RateLimitState(
+            scope=scope,
+            name=name,
+            declared=_rate(declared_jobs, declared_seconds),
+            override=_rate(override_jobs, override_seconds),
+            rate=Rate(max_jobs, period_seconds),
+            started_in_window=int(started),
+            room_in=None if room_in is None else float(room_in),
+        )
+        for (
+            scope,
+            name,
+            declared_jobs,
+            declared_seconds,
+            override_jobs,
+            override_seconds,
+            max_jobs,
+            period_seconds,
+            started,
+            room_in,
+        ) in rows
+    ]
+
+
+def sync_declared_rate_limits(using: str | None = None) -> None:
+    """Make the declared rates of ``pgqueue_rate_limits`` equal to
+    ``declared_rate_limits()``, in one transaction.
+
+    Changed rates are updated, new ones inserted, undeclared ones removed (a row that has
+    an override keeps it); nothing is written when the table already matches. Overrides
+    are never changed. Workers call it when they start. Concurrent calls are serialised
+    by an advisory lock; each change is logged (``django_pgqueue.limits``, ``INFO``).
+    """
+    alias = conf.jobs_database(using)
+    declared = declared_rate_limits()
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [_SYNC_LOCK_KEY])
+        stored = {
+            (state.scope, state.name): state.declared
+            for state in rate_limit_states(alias)
+            if state.declared is not None
+        }
+        removed = sorted(set(stored) - set(declared))
+        changed = sorted((key, rate) for key, rate in declared.items() if stored.get(key) != rate)
+        if removed:
+            keys = [[scope for scope, _ in removed], [name for _, name in removed]]
+            cursor.execute(
+                "DELETE FROM pgqueue_rate_limits WHERE override_jobs IS NULL "
+                "AND (scope, name) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
+                keys,
+            )
+            cursor.execute(
+                "UPDATE pgqueue_rate_limits "
+                "SET declared_jobs = NULL, declared_seconds = NULL, updated_at = now() "
+                "WHERE (scope, name) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
+                keys,
+            )
+        if changed:
+            cursor.execute(
+                "INSERT INTO pgqueue_rate_limits "
+                "(scope, name, declared_jobs, declared_seconds, updated_at) "
+                "SELECT *, now() FROM unnest(%s::text[], %s::text[], %s::integer[], "
+                "%s::integer[]) "
+                "ON CONFLICT (scope, name) DO UPDATE SET declared_jobs = EXCLUDED.declared_jobs, "
+                "declared_seconds = EXCLUDED.declared_seconds, updated_at = now()",
+                [
+                    [scope for (scope, _), _ in changed],
+                    [name for (_, name), _ in changed],
+                    [rate.jobs for _, rate in changed],
+                    [rate.seconds for _, rate in changed],
+                ],
+            )
+    for scope, name in removed:
+        logger.info("rate limit removed: %s %s (was %s)", scope, name, stored[scope, name])
+    for (scope, name), rate in changed:
+        previous = stored.get((scope, name))
+        logger.info(
+            "rate limit set: %s %s = %s (was %s)",
+            scope,
+            name,
+            rate,
+            "none" if previous is None else previous,
+        )
+
+
+def override_rate_limit(
+    scope: str, name: str, rate: str | Rate | None, *, using: str | None = None
+) -> RateLimitState | None:
+    """Set, or with ``None`` clear, the override of a queue's or job type's rate limit.
+
+    The override wins over the declared rate from the next claim on, across all workers,
+    until it is cleared; workers starting never change it. A queue or job type that
+    declares no rate can be given one this way. The change is logged
+    (``django_pgqueue.limits``, ``INFO``).
+
+    Args:
+        scope: ``"queue"`` or ``"job_type"``.
+        name: The queue or job type.
+        rate: A rate such as ``"100/m"`` (see [rates](#rates)), or ``None`` to clear the
+            override.
+        using: Database alias. Default: ``PGQUEUE["DATABASE"]``.
+
+    Returns:
+        The rate limit as stored now, or ``None`` when none is left (no override and
+            nothing declared).
+
+    Raises:
+        InvalidArgumentError: For an unknown scope, an invalid name or a malformed rate;
+            nothing is written.
+    """
+    if scope not in RateLimitScope.values:
+        raise InvalidArgumentError(
+            "scope",
+            f"must be one of {', '.join(map(repr, RateLimitScope.values))}, got {scope!r}",
+        )
+    if scope == RateLimitScope.QUEUE:
+        validation.queue(name, "name")
+    else:
+        validation.job_type(name, "name")
+    parsed = None if rate is None else parse_rate(rate, "rate")
+    alias = conf.jobs_database(using)
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [_SYNC_LOCK_KEY])
+        if parsed is None:
+            cursor.execute(
+                "DELETE FROM pgqueue_rate_limits "
+                "WHERE scope = %s AND name = %s AND declared_jobs IS NULL",
+                [scope, name],
+            )
+            cursor.execute(
+                "UPDATE pgqueue_rate_limits "
+                "SET override_jobs = NULL, override_seconds = NULL, updated_at = now() "
+                "WHERE scope = %s AND name = %s",
+                [scope, name],
+            )
+        else:
+            cursor.execute(
+                "INSERT INTO pgqueue_rate_limits "
+                "(scope, name, override_jobs, override_seconds, updated_at) "
+                "VALUES (%s, %s, %s, %s, now()) ON CONFLICT (scope, name) DO UPDATE "
+                "SET override_jobs = EXCLUDED.override_jobs, "
+                "override_seconds = EXCLUDED.override_seconds, updated_at = now()",
+                [scope, name, parsed.jobs, parsed.seconds],
+            )
+        state = next(
+            (s for s in rate_limit_states(alias) if (s.scope, s.name) == (scope, name)), None
+        )
+    logger.info(
+        "rate limit override %s: %s %s (enforced: %s)",
+        "cleared" if parsed is None else f"set to {parsed}",
+        scope,
+        name,
+        "none" if state is None else state.rate,
+    )
+    return state
+
+
+def prune_rate_starts(using: str | None = None) -> int:
+    """Delete the logged starts that left their rate limit's window, and those of rate
+    limits that are gone; return how many rows went. Workers' recovery calls it."""
+    with connections[conf.jobs_database(using)].cursor() as cursor:
+        cursor.execute(_PRUNE)
+        return int(cursor.rowcount)

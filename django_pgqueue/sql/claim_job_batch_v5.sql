@@ -1,0 +1,286 @@
+-- claim_job_batch, version 5: as version 4, with rate limits and a new last parameter,
+-- p_free_slots. A new signature: the migration drops version 4 first.
+--
+-- * Rate limits (pgqueue_rate_limits: scope 'queue' or 'job_type'): at most max_jobs jobs
+--   of a queue or job type claimed in any window of period_seconds. Each limit's claims
+--   are logged in pgqueue_rate_starts (one row per claim and limit, with a count), and
+--   counted under the limit's advisory lock, over the window that ends at the moment of
+--   the decision (clock_timestamp() once the locks are held). Claimed jobs record that
+--   same moment as claimed_at (and started_at with p_start): read back, the jobs of a
+--   limit claimed in any window never exceed it. (Without rate limits, claimed_at is
+--   now(), the start of the transaction, as before: a claim that waited for a lock of a
+--   rate limit must not record a moment before it decided.)
+-- * A job over a rate limit is not claimed: it stays pending, its attempts untouched, and
+--   is claimed by the first claim after the window has room. Full limits are left out of
+--   the walk.
+-- * p_free_slots: how many of the batch the caller starts at once (NULL: all of them). A
+--   batch holding rate-limited jobs has at most that many jobs, so that none of them
+--   waits in a worker's prefetch buffer, and started under the limit means started.
+--   With p_free_slots = 0, rate-limited jobs are not claimed at all.
+-- * Deadlocks: the first pass takes the advisory locks of its limits in one order and
+--   waits for them; later passes, which already hold locks, only try theirs, and claim
+--   nothing more when one is taken. Version 4 waited in later passes too: two claimers
+--   could each hold the lock the other wanted next, and one was cancelled by
+--   PostgreSQL's deadlock detector.
+--
+-- Everything else is version 4's.
+CREATE FUNCTION claim_job_batch(
+    p_worker_id text,
+    p_job_types text[],
+    p_batch_size integer DEFAULT 10,
+    p_queues text[] DEFAULT NULL,
+    p_start boolean DEFAULT false,
+    p_free_slots integer DEFAULT NULL
+) RETURNS SETOF pgqueue_jobs
+LANGUAGE plpgsql
+SET plan_cache_mode = force_custom_plan
+SET enable_sort = off
+SET jit = off
+AS $$
+DECLARE
+    v_paused text[];
+    v_full_queues text[];
+    v_full_types text[];
+    v_full_keys text[];
+    v_candidates uuid[];
+    v_keep uuid[];
+    v_passed_over uuid[];
+    v_limited boolean;
+    v_keyed boolean;
+    v_rated boolean;
+    v_kept_rated boolean;
+    v_claimed_rated boolean := false;
+    v_slots integer := COALESCE(p_free_slots, p_batch_size);
+    v_wanted integer := p_batch_size;
+    v_now timestamptz;
+    v_lock record;
+BEGIN
+    IF p_worker_id IS NULL OR p_worker_id = '' THEN
+        RAISE EXCEPTION 'claim_job_batch: p_worker_id must be a non-empty string'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_batch_size IS NULL OR p_batch_size < 1 OR p_batch_size > 10000 THEN
+        RAISE EXCEPTION 'claim_job_batch: p_batch_size must be between 1 and 10000, got %',
+            p_batch_size
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_free_slots < 0 THEN
+        RAISE EXCEPTION 'claim_job_batch: p_free_slots must be NULL or at least 0, got %',
+            p_free_slots
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    SELECT array_agg(name) INTO v_paused FROM pgqueue_queues WHERE paused_at IS NOT NULL;
+
+    v_limited := EXISTS (SELECT 1 FROM pgqueue_limits);
+    v_keyed := v_limited AND EXISTS (SELECT 1 FROM pgqueue_limits WHERE scope = 'key');
+    v_rated := EXISTS (SELECT 1 FROM pgqueue_rate_limits);
+    -- A key is named job_type, newline, concurrency_key: job types have no newline.
+
+    -- Without limits, one walk claims the batch. With limits, at most three: a walk
+    -- whose limited candidates did not all fit is followed by another (now skipping the
+    -- limits that filled up) to fill the batch.
+    FOR pass IN 1..3 LOOP
+        v_full_queues := NULL;
+        v_full_types := NULL;
+        IF v_limited THEN
+            SELECT array_agg(l.name) FILTER (WHERE l.scope = 'queue'),
+                   array_agg(l.name) FILTER (WHERE l.scope = 'job_type')
+              INTO v_full_queues, v_full_types
+              FROM pgqueue_limits AS l
+             WHERE l.max_running <= (
+                    SELECT count(*)
+                      FROM pgqueue_jobs AS j
+                     WHERE j.status IN ('claimed', 'running')
+                       AND CASE l.scope WHEN 'queue' THEN j.queue ELSE j.job_type END = l.name)
+               AND l.scope IN ('queue', 'job_type');
+
+            SELECT array_agg(full_key.name) INTO v_full_keys
+              FROM (
+                SELECT j.job_type || E'\n' || j.concurrency_key AS name
+                  FROM pgqueue_jobs AS j
+                  JOIN pgqueue_limits AS l ON l.scope = 'key' AND l.name = j.job_type
+                 WHERE j.status IN ('claimed', 'running') AND j.concurrency_key IS NOT NULL
+                 GROUP BY j.job_type, j.concurrency_key, l.max_running
+                HAVING count(*) >= l.max_running
+              ) AS full_key;
+        END IF;
+        IF v_rated THEN
+            -- Rate limits without room now, or every one when no slot is free.
+            SELECT v_full_queues || array_agg(r.name) FILTER (WHERE r.scope = 'queue'),
+                   v_full_types || array_agg(r.name) FILTER (WHERE r.scope = 'job_type')
+              INTO v_full_queues, v_full_types
+              FROM pgqueue_rate_limits AS r
+             WHERE v_slots <= 0
+                OR r.max_jobs <= (
+                    SELECT COALESCE(sum(s.jobs), 0)
+                      FROM pgqueue_rate_starts AS s
+                     WHERE s.scope = r.scope AND s.name = r.name
+                       AND s.started_at > clock_timestamp() - r.period_seconds * interval '1 second');
+        END IF;
+
+        SELECT array_agg(due.id) INTO v_candidates
+          FROM (
+            SELECT id
+              FROM pgqueue_jobs
+             WHERE status = 'pending'
+               AND NOT held
+               AND run_at <= now()
+               AND (p_queues IS NULL OR queue = ANY (p_queues))
+               AND (p_job_types IS NULL OR job_type = ANY (p_job_types))
+               AND (v_paused IS NULL OR queue <> ALL (v_paused))
+               AND (v_full_queues IS NULL OR queue <> ALL (v_full_queues))
+               AND (v_full_types IS NULL OR job_type <> ALL (v_full_types))
+               AND (v_full_keys IS NULL OR concurrency_key IS NULL
+                    OR job_type || E'\n' || concurrency_key <> ALL (v_full_keys))
+               AND (v_passed_over IS NULL OR id <> ALL (v_passed_over))
+             ORDER BY priority DESC, run_at, created_at
+             LIMIT v_wanted
+             FOR UPDATE SKIP LOCKED
+          ) AS due;
+        EXIT WHEN v_candidates IS NULL;
+
+        v_keep := v_candidates;
+        v_kept_rated := false;
+        IF v_limited OR v_rated THEN
+            -- Every limit the candidates touch, in one order: concurrency limits
+            -- ('pgqueue_limit:...'), then rate limits ('pgqueue_rate:...').
+            FOR v_lock IN
+                SELECT DISTINCT 'pgqueue_limit:' || l.scope || ':'
+                       || CASE l.scope WHEN 'key' THEN j.job_type || E'\n' || j.concurrency_key
+                                       ELSE l.name END AS name
+                  FROM pgqueue_limits AS l
+                  JOIN pgqueue_jobs AS j
+                    ON j.id = ANY (v_candidates)
+                   AND CASE l.scope WHEN 'queue' THEN j.queue ELSE j.job_type END = l.name
+                 WHERE l.scope <> 'key' OR j.concurrency_key IS NOT NULL
+                UNION
+                SELECT 'pgqueue_rate:' || r.scope || ':' || r.name
+                  FROM pgqueue_rate_limits AS r
+                  JOIN pgqueue_jobs AS j
+                    ON j.id = ANY (v_candidates)
+                   AND CASE r.scope WHEN 'queue' THEN j.queue ELSE j.job_type END = r.name
+                 ORDER BY 1
+            LOOP
+                IF pass = 1 THEN
+                    PERFORM pg_advisory_xact_lock(hashtextextended(v_lock.name, 0));
+                ELSIF NOT pg_try_advisory_xact_lock(hashtextextended(v_lock.name, 0)) THEN
+                    v_candidates := NULL;  -- another claimer has it: the batch ends here
+                    EXIT;
+                END IF;
+            END LOOP;
+            EXIT WHEN v_candidates IS NULL;
+            v_now := CASE WHEN v_rated THEN clock_timestamp() ELSE now() END;
+
+            -- Under the locks: keep candidates, in claim order within each limit, while
+            -- the limit has room. Ranking per queue, job type and key separately can leave
+            -- a little room unused in this pass; it never lets a limit be exceeded.
+            SELECT array_agg(kept.id ORDER BY kept.priority DESC, kept.run_at, kept.created_at),
+                   COALESCE(bool_or(kept.rated), false)
+              INTO v_keep, v_kept_rated
+              FROM (
+                SELECT ranked.id, ranked.priority, ranked.run_at, ranked.created_at,
+                       qr.name IS NOT NULL OR tr.name IS NOT NULL AS rated
+                  FROM (
+                    SELECT c.id, c.queue, c.job_type, c.priority, c.run_at, c.created_at,
+                           row_number() OVER (PARTITION BY c.queue
+                                              ORDER BY c.priority DESC, c.run_at, c.created_at) AS queue_rank,
+                           row_number() OVER (PARTITION BY c.job_type
+                                              ORDER BY c.priority DESC, c.run_at, c.created_at) AS type_rank,
+                           c.concurrency_key,
+                           row_number() OVER (PARTITION BY c.job_type, c.concurrency_key
+                                              ORDER BY c.priority DESC, c.run_at, c.created_at) AS key_rank
+                      FROM pgqueue_jobs AS c
+                     WHERE c.id = ANY (v_candidates)
+                  ) AS ranked
+                  LEFT JOIN pgqueue_limits AS ql ON ql.scope = 'queue' AND ql.name = ranked.queue
+                  LEFT JOIN pgqueue_limits AS tl
+                         ON tl.scope = 'job_type' AND tl.name = ranked.job_type
+                  LEFT JOIN pgqueue_limits AS kl
+                         ON kl.scope = 'key' AND kl.name = ranked.job_type
+                        AND ranked.concurrency_key IS NOT NULL
+                  LEFT JOIN pgqueue_rate_limits AS qr
+                         ON qr.scope = 'queue' AND qr.name = ranked.queue
+                  LEFT JOIN pgqueue_rate_limits AS tr
+                         ON tr.scope = 'job_type' AND tr.name = ranked.job_type
+                 WHERE (ql.name IS NULL OR ranked.queue_rank <= ql.max_running - (
+                            SELECT count(*) FROM pgqueue_jobs AS j
+                             WHERE j.status IN ('claimed', 'running') AND j.queue = ranked.queue))
+                   AND (tl.name IS NULL OR ranked.type_rank <= tl.max_running - (
+                            SELECT count(*) FROM pgqueue_jobs AS j
+                             WHERE j.status IN ('claimed', 'running')
+                               AND j.job_type = ranked.job_type))
+                   AND (kl.name IS NULL OR ranked.key_rank <= kl.max_running - (
+                            SELECT count(*) FROM pgqueue_jobs AS j
+                             WHERE j.status IN ('claimed', 'running')
+                               AND j.job_type = ranked.job_type
+                               AND j.concurrency_key = ranked.concurrency_key))
+                   AND (qr.name IS NULL OR ranked.queue_rank <= qr.max_jobs - (
+                            SELECT COALESCE(sum(s.jobs), 0) FROM pgqueue_rate_starts AS s
+                             WHERE s.scope = 'queue' AND s.name = ranked.queue
+                               AND s.started_at > v_now - qr.period_seconds * interval '1 second'))
+                   AND (tr.name IS NULL OR ranked.type_rank <= tr.max_jobs - (
+                            SELECT COALESCE(sum(s.jobs), 0) FROM pgqueue_rate_starts AS s
+                             WHERE s.scope = 'job_type' AND s.name = ranked.job_type
+                               AND s.started_at > v_now - tr.period_seconds * interval '1 second'))
+              ) AS kept;
+
+            -- A batch with rate-limited jobs fits the free slots: keep its first jobs.
+            IF (v_kept_rated OR v_claimed_rated) AND cardinality(v_keep) > v_slots THEN
+                v_keep := v_keep[1:greatest(v_slots, 0)];
+                v_kept_rated := EXISTS (
+                    SELECT 1 FROM pgqueue_jobs AS j
+                      JOIN pgqueue_rate_limits AS r
+                        ON CASE r.scope WHEN 'queue' THEN j.queue ELSE j.job_type END = r.name
+                     WHERE j.id = ANY (v_keep));
+            END IF;
+        ELSE
+            v_now := now();
+        END IF;
+
+        RETURN QUERY
+        UPDATE pgqueue_jobs AS jobs
+           SET status = CASE WHEN p_start THEN 'running' ELSE 'claimed' END,
+               worker_id = p_worker_id,
+               claimed_at = v_now,
+               started_at = CASE WHEN p_start THEN v_now ELSE jobs.started_at END,
+               heartbeat_at = v_now,
+               attempts = jobs.attempts + 1,
+               worker_ids = jobs.worker_ids || to_jsonb(p_worker_id)
+         WHERE jobs.id = ANY (COALESCE(v_keep, '{}'))
+        RETURNING jobs.*;
+
+        -- The claims of each rate limit, counted in its window from now on.
+        IF v_kept_rated THEN
+            INSERT INTO pgqueue_rate_starts AS s (scope, name, started_at, jobs)
+            SELECT r.scope, r.name, v_now, count(*)
+              FROM pgqueue_jobs AS j
+              JOIN pgqueue_rate_limits AS r
+                ON CASE r.scope WHEN 'queue' THEN j.queue ELSE j.job_type END = r.name
+             WHERE j.id = ANY (v_keep)
+             GROUP BY r.scope, r.name
+            ON CONFLICT (scope, name, started_at) DO UPDATE SET jobs = s.jobs + EXCLUDED.jobs;
+            v_claimed_rated := true;
+        END IF;
+
+        -- The claimed jobs of keys leave room for their keys' held jobs (key_limits_v1.sql).
+        IF v_keyed AND v_keep IS NOT NULL THEN
+            PERFORM pgqueue_release_held_keys(array_agg(claimed.job_type),
+                                              array_agg(claimed.concurrency_key))
+               FROM pgqueue_jobs AS claimed
+              WHERE claimed.id = ANY (v_keep) AND claimed.concurrency_key IS NOT NULL
+             HAVING count(*) > 0;
+        END IF;
+
+        v_wanted := v_wanted - COALESCE(cardinality(v_keep), 0);
+        v_slots := v_slots - COALESCE(cardinality(v_keep), 0);
+        IF v_claimed_rated THEN
+            v_wanted := least(v_wanted, v_slots);
+        END IF;
+        EXIT WHEN v_wanted <= 0
+               OR COALESCE(cardinality(v_keep), 0) = cardinality(v_candidates);
+        v_passed_over := COALESCE(v_passed_over, '{}')
+            || ARRAY(SELECT unnest(v_candidates) EXCEPT SELECT unnest(COALESCE(v_keep, '{}')));
+    END LOOP;
+END;
+$$;

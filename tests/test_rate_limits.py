@@ -1,0 +1,626 @@
+"""Rate limits: declaring them (``@job``, settings, overrides), ``claim_job_batch``
+keeping them over any window, under concurrent claimers and real worker processes, and
+what they look like to staff."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.core.checks import run_checks
+from django.db import connection
+from django.urls import reverse
+from django.utils import timezone
+
+from django_pgqueue import conf, enqueue, enqueue_many, job
+from django_pgqueue.exceptions import InvalidArgumentError, SettingsError
+from django_pgqueue.models import Job, JobStatus, RateLimit, RateLimitStart
+from django_pgqueue.rate_limits import (
+    declared_rate_limits,
+    override_rate_limit,
+    prune_rate_starts,
+    rate_limit_states,
+    sync_declared_rate_limits,
+)
+from django_pgqueue.rates import Rate, parse_rate
+from tests.workers import WorkerProcess, wait_for, worker_thread
+
+# -- Rates --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "rate"),
+    [
+        ("100/m", Rate(100, 60)),
+        ("10/s", Rate(10, 1)),
+        ("5000/h", Rate(5000, 3600)),
+        ("20/d", Rate(20, 86_400)),
+        ("30/10s", Rate(30, 10)),
+        ("100 / 15 minutes", Rate(100, 900)),
+        ("1/second", Rate(1, 1)),
+        ("7/2 Hours", Rate(7, 7200)),
+    ],
+)
+def test_rates_are_read_as_jobs_per_period(text, rate):
+    assert parse_rate(text, "rate_limit") == rate
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("10/fortnight", "must be a rate such as"),
+        ("10/ms", "must be a rate such as"),
+        ("10", "must be a rate such as"),
+        ("1.5/s", "must be a rate such as"),
+        ("-1/s", "must be a rate such as"),
+        ("0/s", "allows from 1 to 1000000 jobs per period, got 0"),
+        ("1000001/s", "allows from 1 to 1000000 jobs per period"),
+        ("10/0s", "must have a period from 1 second to 7 days, got 0"),
+        ("10/8d", "must have a period from 1 second to 7 days"),
+        (10, 'must be a rate such as "100/m" or "10/s", got int'),
+        (None, "got NoneType"),
+    ],
+)
+def test_malformed_rates_are_refused_naming_the_field(value, message):
+    with pytest.raises(InvalidArgumentError) as excinfo:
+        parse_rate(value, "rate_limit")
+
+    assert excinfo.value.field == "rate_limit"
+    assert message in str(excinfo.value)
+
+
+def test_a_rate_reads_back_as_written():
+    assert [str(parse_rate(t, "r")) for t in ["100/m", "10/s", "5/h", "2/d", "30/10s"]] == [
+        "100/m",
+        "10/s",
+        "5/h",
+        "2/d",
+        "30/10s",
+    ]
+
+
+# -- Declaring them -----------------------------------------------------------------------
+
+
+def test_a_job_type_declares_its_rate_limit(clean_registry):
+    @job("tests.rated", rate_limit="100/m")
+    def rated(job: Job) -> None: ...
+
+    assert rated.rate_limit == Rate(100, 60)
+    assert declared_rate_limits() == {("job_type", "tests.rated"): Rate(100, 60)}
+
+
+@pytest.mark.parametrize("rate_limit", ["10/fortnight", "0/m", "-3/s", 2.5, "3.5/m"])
+def test_a_malformed_rate_limit_is_refused_at_registration(clean_registry, rate_limit):
+    with pytest.raises(InvalidArgumentError, match="rate_limit"):
+
+        @job("tests.badly_rated", rate_limit=rate_limit)
+        def badly_rated(job: Job) -> None: ...
+
+    assert "tests.badly_rated" not in declared_rate_limits()
+
+
+def test_settings_declare_queue_rates_and_win_over_a_job_types_own(
+    clean_registry, pgqueue_settings
+):
+    @job("tests.rated_a", rate_limit="10/s")
+    def rated_a(job: Job) -> None: ...
+
+    @job("tests.rated_b", rate_limit="10/s")
+    def rated_b(job: Job) -> None: ...
+
+    pgqueue_settings(
+        QUEUE_RATE_LIMITS={"emails": "100/m"},
+        JOB_TYPE_RATE_LIMITS={"tests.rated_a": "5/h", "tests.rated_b": None},
+    )
+
+    assert declared_rate_limits() == {
+        ("job_type", "tests.rated_a"): Rate(5, 3600),
+        ("queue", "emails"): Rate(100, 60),
+    }
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("QUEUE_RATE_LIMITS", ["emails"], "must be a dict of queue names to rates"),
+        ("QUEUE_RATE_LIMITS", {"emails": "10/fortnight"}, "['emails']: must be a rate"),
+        ("QUEUE_RATE_LIMITS", {"emails": None}, "must be a rate such as"),
+        ("QUEUE_RATE_LIMITS", {"bad name": "1/s"}, "'bad name' is not a valid queue name"),
+        ("JOB_TYPE_RATE_LIMITS", {"a.b": "0/s"}, "allows from 1 to 1000000 jobs"),
+        ("JOB_TYPE_RATE_LIMITS", "a.b=1/s", "must be a dict of job types to rates"),
+    ],
+)
+def test_malformed_rate_limit_settings_are_refused_with_the_fix(
+    pgqueue_settings, key, value, message
+):
+    pgqueue_settings(**{key: value})
+
+    with pytest.raises(SettingsError) as excinfo:
+        conf.get_settings()
+
+    assert message in str(excinfo.value)
+
+
+@pytest.mark.django_db
+def test_sync_writes_the_declared_rates_and_keeps_overrides(pgqueue_settings, caplog):
+    RateLimit.objects.create(scope="queue", name="gone", declared_jobs=1, declared_seconds=1)
+    RateLimit.objects.create(
+        scope="queue",
+        name="overridden",
+        declared_jobs=1,
+        declared_seconds=1,
+        override_jobs=9,
+        override_seconds=60,
+    )
+    pgqueue_settings(QUEUE_RATE_LIMITS={"emails": "100/m"})
+
+    with caplog.at_level("INFO", logger="django_pgqueue.limits"):
+        sync_declared_rate_limits()
+
+    states = {(s.scope, s.name): s for s in rate_limit_states()}
+    assert {key: (s.declared, s.override, s.rate) for key, s in states.items()} == {
+        ("queue", "emails"): (Rate(100, 60), None, Rate(100, 60)),
+        ("queue", "overridden"): (None, Rate(9, 60), Rate(9, 60)),
+    }
+    assert sorted(r.getMessage() for r in caplog.records) == [
+        "rate limit removed: queue gone (was 1/s)",
+        "rate limit removed: queue overridden (was 1/s)",
+        "rate limit set: queue emails = 100/m (was none)",
+    ]
+
+
+@pytest.mark.django_db
+def test_an_override_wins_until_cleared(pgqueue_settings):
+    pgqueue_settings(QUEUE_RATE_LIMITS={"emails": "100/m"})
+    sync_declared_rate_limits()
+
+    state = override_rate_limit("queue", "emails", "5/s")
+    assert (state.declared, state.override, state.rate) == (Rate(100, 60), Rate(5, 1), Rate(5, 1))
+
+    state = override_rate_limit("queue", "emails", None)
+    assert (state.override, state.rate) == (None, Rate(100, 60))
+    assert override_rate_limit("job_type", "tests.record", "1/h").rate == Rate(1, 3600)
+    assert override_rate_limit("job_type", "tests.record", None) is None
+    assert not RateLimit.objects.filter(name="tests.record").exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("scope", "name", "rate", "field"),
+    [
+        ("key", "tests.record", "1/s", "scope"),
+        ("queue", "bad name", "1/s", "name"),
+        ("queue", "emails", "10/fortnight", "rate"),
+        ("queue", "emails", "0/s", "rate"),
+    ],
+)
+def test_a_bad_override_is_refused_and_nothing_is_written(scope, name, rate, field):
+    with pytest.raises(InvalidArgumentError) as excinfo:
+        override_rate_limit(scope, name, rate)
+
+    assert excinfo.value.field == field
+    assert not RateLimit.objects.exists()
+
+
+# -- The claim keeps them -----------------------------------------------------------------
+
+
+def claim(batch_size: int = 10, free_slots: int | None = None, conn: Any = None) -> list[Any]:
+    """Call ``claim_job_batch`` as a worker does (``p_start``); return the ids claimed."""
+    sql = "SELECT id FROM claim_job_batch('w', NULL, %s, NULL, true, %s)"
+    if conn is not None:
+        return [row[0] for row in conn.execute(sql, [batch_size, free_slots]).fetchall()]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [batch_size, free_slots])
+        return [row[0] for row in cursor.fetchall()]
+
+
+def rate(scope: str, name: str, text: str) -> None:
+    parsed = parse_rate(text, "rate")
+    RateLimit.objects.create(
+        scope=scope, name=name, declared_jobs=parsed.jobs, declared_seconds=parsed.seconds
+    )
+
+
+def records(count: int, **options: Any) -> list[Job]:
+    return enqueue_many([{"job_type": "tests.record", **options} for _ in range(count)])
+
+
+@pytest.mark.django_db
+def test_a_job_type_over_its_rate_stays_pending_without_spending_an_attempt():
+    rate("job_type", "tests.record", "3/m")
+    jobs = records(10)
+    other = enqueue("tests.noop")
+
+    first = claim()
+    again = claim()
+
+    assert len(first) == 4 and other.id in first  # 3 of the limited type, and the other
+    assert again == []
+    waiting = Job.objects.filter(pk__in=[j.pk for j in jobs], status=JobStatus.PENDING)
+    assert waiting.count() == 7
+    assert {(j.attempts, j.worker_id) for j in waiting} == {(0, None)}
+
+
+@pytest.mark.django_db
+def test_a_queue_over_its_rate_stays_pending_and_other_queues_go_on():
+    rate("queue", "emails", "2/m")
+    records(5, queue="emails")
+    others = records(3, queue="reports")
+
+    claimed = claim()
+
+    assert Job.objects.filter(pk__in=claimed, queue="emails").count() == 2
+    assert set(claimed) >= {j.id for j in others}
+
+
+@pytest.mark.django_db
+def test_the_window_slides_each_claim_counts_until_its_period_has_passed():
+    rate("job_type", "tests.record", "2/2s")
+    records(5)
+
+    assert len(claim(batch_size=1)) == 1
+    time.sleep(0.8)
+    assert len(claim()) == 1  # the second of the window
+    assert claim() == []
+    time.sleep(1.4)  # the first claim left the window; the second not yet
+    assert len(claim()) == 1
+    assert claim() == []
+
+
+@pytest.mark.django_db
+def test_the_tightest_of_a_queue_and_a_job_type_rate_applies():
+    rate("queue", "default", "5/m")
+    rate("job_type", "tests.record", "2/m")
+    records(4)
+    noops = [enqueue("tests.noop") for _ in range(4)]
+
+    claimed = set(claim()) | set(claim())  # a pass may leave room for the next claim
+
+    assert len(claimed) == 5
+    assert Job.objects.filter(pk__in=claimed, job_type="tests.record").count() == 2
+    assert len(claimed & {j.id for j in noops}) == 3
+
+
+@pytest.mark.django_db
+def test_a_batch_holding_rate_limited_jobs_is_no_larger_than_the_free_slots():
+    rate("job_type", "tests.record", "100/m")
+    records(10)
+
+    assert len(claim(batch_size=10, free_slots=3)) == 3
+
+
+@pytest.mark.django_db
+def test_without_a_free_slot_rate_limited_jobs_are_left_and_others_prefetched():
+    rate("job_type", "tests.record", "100/m")
+    limited = records(3, priority=200)
+    others = [enqueue("tests.noop") for _ in range(2)]
+
+    claimed = claim(batch_size=10, free_slots=0)
+
+    assert set(claimed) == {j.id for j in others}
+    assert not Job.objects.filter(pk__in=[j.pk for j in limited]).exclude(status="pending")
+
+
+@pytest.mark.django_db
+def test_jobs_without_a_rate_fill_the_batch_past_the_free_slots():
+    rate("job_type", "tests.other", "1/m")
+    records(10)
+
+    assert len(claim(batch_size=10, free_slots=2)) == 10
+
+
+@pytest.mark.django_db
+def test_a_claim_records_its_jobs_start_at_the_moment_it_decided():
+    rate("job_type", "tests.record", "2/m")
+    records(3)
+
+    claimed = Job.objects.filter(pk__in=claim())
+
+    (start,) = RateLimitStart.objects.all()
+    assert (start.scope, start.name, start.jobs) == ("job_type", "tests.record", 2)
+    assert {(j.claimed_at, j.started_at) for j in claimed} == {(start.started_at,) * 2}
+
+
+@pytest.mark.django_db
+def test_the_state_shows_the_window_and_when_it_has_room(pgqueue_settings):
+    rate("job_type", "tests.record", "2/m")
+    records(3)
+    claim()
+
+    (state,) = rate_limit_states()
+
+    assert (state.scope, state.name, state.rate, state.started_in_window) == (
+        "job_type",
+        "tests.record",
+        Rate(2, 60),
+        2,
+    )
+    assert 55 < state.room_in <= 60
+
+
+@pytest.mark.django_db
+def test_the_wait_function_says_when_a_full_limit_has_room_for_a_worker():
+    rate("job_type", "tests.record", "1/m")
+    rate("queue", "emails", "1/m")
+    records(2)
+
+    def wait(job_types: list[str] | None, queues: list[str] | None) -> float | None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pgqueue_rate_limit_wait(%s, %s)", [job_types, queues])
+            return cursor.fetchone()[0]
+
+    assert wait(None, None) is None  # no limit is full
+    claim()
+    assert 55 < wait(None, None) <= 60
+    assert 55 < wait(["tests.record"], ["default"]) <= 60
+    assert wait(["tests.noop"], None) is None  # full, but not of these job types
+    assert wait(None, ["emails"]) is not None  # the job type's limit is full
+
+
+@pytest.mark.django_db
+def test_recovery_prunes_starts_that_left_their_window_and_those_of_removed_limits():
+    rate("job_type", "tests.record", "5/s")
+    now = timezone.now()
+    for scope, name, age in [
+        ("job_type", "tests.record", 0),
+        ("job_type", "tests.record", 2),
+        ("queue", "removed", 0),
+    ]:
+        RateLimitStart.objects.create(
+            scope=scope, name=name, started_at=now - timedelta(seconds=age), jobs=1
+        )
+
+    assert prune_rate_starts() == 2
+    assert list(RateLimitStart.objects.values_list("name", flat=True)) == ["tests.record"]
+
+
+def claim_concurrently(claimers: int, rounds: int) -> list[Any]:
+    """``claimers`` connections claim one job at a time, ``rounds`` times each, as fast as
+    they can; return every id claimed. Fails if any claimer fails (a deadlock would)."""
+    barrier = threading.Barrier(claimers)
+    claimed: list[Any] = []
+    errors: list[BaseException] = []
+
+    def claimer() -> None:
+        conn = connection.get_new_connection(connection.get_connection_params())
+        conn.autocommit = True
+        try:
+            barrier.wait(timeout=10)
+            for _ in range(rounds):
+                claimed.extend(claim(batch_size=2, conn=conn))
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=claimer) for _ in range(claimers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    if errors:
+        raise errors[0]
+    return claimed
+
+
+def most_in_any_window(starts: list[Any], seconds: float) -> int:
+    """The most of ``starts`` within any half-open window ``(t - seconds, t]``."""
+    ordered = sorted(starts)
+    most = first = 0
+    for last, start in enumerate(ordered):
+        while ordered[first] <= start - timedelta(seconds=seconds):
+            first += 1
+        most = max(most, last - first + 1)
+    return most
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_claimers_never_exceed_a_rate_in_any_window():
+    rate("queue", "default", "5/s")
+    rate("job_type", "tests.record", "3/s")
+    records(60)
+    enqueue_many([{"job_type": "tests.noop"} for _ in range(60)])
+    started = time.monotonic()
+
+    claimed = claim_concurrently(claimers=4, rounds=40)
+
+    elapsed = time.monotonic() - started
+    jobs = Job.objects.filter(pk__in=claimed)
+    assert len(set(claimed)) == len(claimed)
+    assert most_in_any_window([j.started_at for j in jobs], 1) <= 5
+    assert most_in_any_window([j.started_at for j in jobs if j.job_type == "tests.record"], 1) <= 3
+    assert len(claimed) <= 5 * (elapsed + 1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_starts_rate_limited_jobs_at_once_and_keeps_their_claimed_start(
+    pgqueue_settings,
+):
+    pgqueue_settings(JOB_TYPE_RATE_LIMITS={"tests.record": "4/s"})
+    jobs = records(8)
+
+    with worker_thread(concurrency=2, prefetch=10, poll_interval=5):
+        wait_for(
+            lambda: Job.objects.filter(status=JobStatus.COMPLETED).count() == len(jobs),
+            timeout=20,
+        )
+
+    done = list(Job.objects.all())
+    assert all(j.started_at == j.claimed_at for j in done)
+    assert most_in_any_window([j.started_at for j in done], 1) <= 4
+    # It claimed when the window had room, not at its 5 s poll.
+    span = max(j.started_at for j in done) - min(j.started_at for j in done)
+    assert span < timedelta(seconds=3)
+
+
+def rated_worker(worker_id: str, rates: dict[str, str]) -> WorkerProcess:
+    return WorkerProcess(
+        "--concurrency",
+        "4",
+        "--worker-id",
+        worker_id,
+        env={
+            "PGQUEUE_TEST_SETTINGS": json.dumps(
+                {"HEARTBEAT_INTERVAL": 1, "STALE_AFTER": 60, "JOB_TYPE_RATE_LIMITS": rates}
+            )
+        },
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_worker_processes_keep_a_rate_in_every_window_and_use_it_fully():
+    jobs = records(40)
+    workers = [rated_worker(f"w{i}", {"tests.record": "10/s"}) for i in range(3)]
+    try:
+        wait_for(
+            lambda: Job.objects.filter(status=JobStatus.COMPLETED).count() == len(jobs),
+            timeout=60,
+        )
+    finally:
+        for worker in workers:
+            worker.stop()
+
+    done = list(Job.objects.all())
+    starts = [j.started_at for j in done]
+    assert {j.attempts for j in done} == {1}
+    assert most_in_any_window(starts, 1) <= 10
+    # 40 jobs at 10 a second: the first 10 at once, the rest within about 3 more seconds.
+    assert max(starts) - min(starts) < timedelta(seconds=5)
+    assert len({j.worker_id for j in done}) > 1
+
+
+# -- The admin ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def staff(client, django_user_model, db):
+    def log_in(*codenames: str) -> Any:
+        user = django_user_model.objects.create_user(username="ops", password="pw", is_staff=True)
+        user.user_permissions.add(
+            *Permission.objects.filter(
+                content_type__app_label="django_pgqueue", codename__in=codenames
+            )
+        )
+        client.force_login(user)
+        return client
+
+    return log_in
+
+
+CHANGELIST = "admin:django_pgqueue_ratelimit_changelist"
+
+
+def test_the_admin_shows_each_rate_and_how_full_its_window_is(staff, pgqueue_settings):
+    pgqueue_settings(JOB_TYPE_RATE_LIMITS={"tests.record": "2/m"}, QUEUE_RATE_LIMITS={"q": "5/s"})
+    sync_declared_rate_limits()
+    override_rate_limit("queue", "q", "10/h")
+    records(3)
+    claim()
+    client = staff("view_ratelimit")
+
+    page = client.get(reverse(CHANGELIST)).content.decode()
+
+    assert '<td class="field-declared">2/m</td>' in page
+    assert '<td class="field-declared">5/s</td>' in page
+    assert '<td class="field-override">10/h</td>' in page
+    assert '<td class="field-enforced">10/h</td>' in page
+    assert '<td class="field-window">2 of 2</td>' in page
+    assert '<td class="field-window">0 of 10</td>' in page
+    assert re.search(r'<td class="field-room_in">in (5[5-9]|60)\.\d s</td>', page)
+    assert '<td class="field-room_in">now</td>' in page
+
+
+def test_staff_override_a_declared_rate_in_the_admin_and_clear_it(staff, pgqueue_settings):
+    pgqueue_settings(QUEUE_RATE_LIMITS={"emails": "100/m"})
+    sync_declared_rate_limits()
+    limit = RateLimit.objects.get()
+    client = staff("view_ratelimit", "change_ratelimit")
+    url = reverse("admin:django_pgqueue_ratelimit_change", args=[limit.pk])
+
+    assert client.post(url, {"override": "5/s"}).status_code == 302
+    assert [(s.override, s.rate) for s in rate_limit_states()] == [(Rate(5, 1), Rate(5, 1))]
+    assert 'value="5/s"' in client.get(url).content.decode()
+    assert client.post(url, {"override": ""}).status_code == 302
+    assert [(s.override, s.rate) for s in rate_limit_states()] == [(None, Rate(100, 60))]
+
+
+def test_staff_rate_limit_a_queue_nothing_declares_and_delete_it(staff):
+    client = staff("view_ratelimit", "add_ratelimit", "change_ratelimit", "delete_ratelimit")
+
+    added = client.post(
+        reverse("admin:django_pgqueue_ratelimit_add"),
+        {"scope": "queue", "name": "reports", "override": "30/10s"},
+    )
+
+    assert added.status_code == 302
+    limit = RateLimit.objects.get()
+    assert (limit.scope, limit.name, limit.declared_jobs, limit.rate) == (
+        "queue",
+        "reports",
+        None,
+        Rate(30, 10),
+    )
+    deleted = client.post(
+        reverse("admin:django_pgqueue_ratelimit_delete", args=[limit.pk]), {"post": "yes"}
+    )
+    assert deleted.status_code == 302
+    assert not RateLimit.objects.exists()
+
+
+def test_the_admin_refuses_a_malformed_or_missing_rate_and_a_bad_name(staff):
+    client = staff("view_ratelimit", "add_ratelimit")
+    url = reverse("admin:django_pgqueue_ratelimit_add")
+
+    empty = client.post(url, {"scope": "queue", "name": "reports", "override": ""})
+    malformed = client.post(url, {"scope": "queue", "name": "reports", "override": "9/fortnight"})
+    bad_name = client.post(url, {"scope": "queue", "name": "has space", "override": "2/s"})
+
+    assert "Nothing declares this rate limit" in empty.content.decode()
+    assert "must be a rate such as" in str(malformed.context["adminform"].form.errors["override"])
+    assert bad_name.context["adminform"].form.errors["name"]
+    assert not RateLimit.objects.exists()
+
+
+def test_a_declared_rate_cannot_be_deleted_in_the_admin(staff, pgqueue_settings):
+    pgqueue_settings(QUEUE_RATE_LIMITS={"emails": "100/m"})
+    sync_declared_rate_limits()
+    limit = RateLimit.objects.get()
+    client = staff("view_ratelimit", "delete_ratelimit")
+
+    single = client.post(
+        reverse("admin:django_pgqueue_ratelimit_delete", args=[limit.pk]), {"post": "yes"}
+    )
+    bulk = client.post(
+        reverse(CHANGELIST),
+        {"action": "delete_selected", "_selected_action": [limit.pk], "post": "yes"},
+    )
+
+    assert single.status_code == 403
+    assert "declared by the code or settings; clear its override instead" in (bulk.content.decode())
+    assert RateLimit.objects.exists()
+
+
+def test_a_rate_on_a_job_type_without_a_handler_is_warned_about(pgqueue_settings):
+    pgqueue_settings(JOB_TYPE_RATE_LIMITS={"tests.record": "1/s", "tests.recrod": "1/s"})
+
+    warnings = [m for m in run_checks() if m.id == "django_pgqueue.W301"]
+
+    assert [w.msg for w in warnings] == [
+        "PGQUEUE['JOB_TYPE_RATE_LIMITS'] limits job type 'tests.recrod', which has no handler"
+    ]
+
+
+def test_a_malformed_rate_setting_is_reported_by_the_system_check(pgqueue_settings):
+    pgqueue_settings(QUEUE_RATE_LIMITS={"emails": "10/fortnight"})
+
+    errors = [m for m in run_checks() if m.id == "django_pgqueue.E001"]
+
+    assert len(errors) == 1 and "QUEUE_RATE_LIMITS" in errors[0].msg
