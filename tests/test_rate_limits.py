@@ -29,6 +29,7 @@ from django_pgqueue.rate_limits import (
     sync_declared_rate_limits,
 )
 from django_pgqueue.rates import Rate, parse_rate
+from django_pgqueue.worker import Worker
 from tests.workers import WorkerProcess, wait_for, worker_thread
 
 # -- Rates --------------------------------------------------------------------------------
@@ -459,6 +460,32 @@ def test_a_worker_starts_rate_limited_jobs_at_once_and_keeps_their_claimed_start
     # It claimed when the window had room, not at its 5 s poll.
     span = max(j.started_at for j in done) - min(j.started_at for j in done)
     assert span < timedelta(seconds=3)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_burst_worker_waits_out_the_window_of_due_rate_limited_jobs(pgqueue_settings):
+    pgqueue_settings(JOB_TYPE_RATE_LIMITS={"tests.record": "5/s"})
+    jobs = records(12)
+
+    Worker(concurrency=4, burst=True, poll_interval=5).run()
+
+    done = Job.objects.filter(status=JobStatus.COMPLETED)
+    assert done.count() == len(jobs)
+    assert most_in_any_window([j.started_at for j in done], 1) <= 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_burst_worker_does_not_wait_for_a_full_window_with_nothing_due(pgqueue_settings):
+    pgqueue_settings(JOB_TYPE_RATE_LIMITS={"tests.record": "1/h"})
+    records(1)
+    later = enqueue("tests.record", delay=3600)
+    started = time.monotonic()
+
+    Worker(concurrency=2, burst=True, poll_interval=5).run()
+
+    assert time.monotonic() - started < 4
+    assert Job.objects.get(pk=later.pk).status == JobStatus.PENDING
+    assert Job.objects.filter(status=JobStatus.COMPLETED).count() == 1
 
 
 def rated_worker(worker_id: str, rates: dict[str, str]) -> WorkerProcess:

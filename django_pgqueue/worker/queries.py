@@ -3,7 +3,7 @@ worker can only change jobs it still holds (recovery may have taken a job back).
 
 from __future__ import annotations
 
-from ..due import CLAIM_ORDER
+from ..due import CLAIM_ORDER, DUE
 from ..schema import IN_FLIGHT, JobStatus, literal, status_in
 
 _COMPLETED = literal(JobStatus.COMPLETED)
@@ -20,6 +20,20 @@ CLAIM = f"SELECT * FROM claim_job_batch(%s, %s, %s, %s, true, %s) ORDER BY {CLAI
 # After a claim: seconds until a full rate limit of these job types and queues has room
 # (NULL: none is full), so that the worker claims then rather than at its next poll.
 RATE_LIMIT_WAIT = "SELECT pgqueue_rate_limit_wait(%s, %s)"
+
+# Whether a due job of these job types and queues is under a rate limit: a burst worker
+# whose claim came back empty waits for their window instead of exiting.
+RATE_LIMITED_DUE = f"""
+SELECT EXISTS (
+    SELECT 1
+      FROM pgqueue_jobs AS j
+      JOIN pgqueue_rate_limits AS r
+        ON CASE r.scope WHEN 'queue' THEN j.queue ELSE j.job_type END = r.name
+     WHERE j.status = {_PENDING} AND NOT j.held AND j.{DUE}
+       AND (%(job_types)s::text[] IS NULL OR j.job_type = ANY (%(job_types)s))
+       AND (%(queues)s::text[] IS NULL OR j.queue = ANY (%(queues)s))
+       AND j.queue NOT IN (SELECT name FROM pgqueue_queues WHERE paused_at IS NOT NULL))
+"""
 
 # Whether any rate limit exists: only then does a worker ask RATE_LIMIT_WAIT.
 RATE_LIMITED = "SELECT EXISTS (SELECT 1 FROM pgqueue_rate_limits)"

@@ -101,7 +101,7 @@ class Worker:
         poll_interval: Seconds between claims when nothing wakes the worker; positive.
             Default: ``PGQUEUE["POLL_INTERVAL"]``.
         burst: When ``True``, ``run()`` returns as soon as no due job is left and nothing
-            is running.
+            is running (due jobs held back by a rate limit are waited for).
         worker_id: Identifier written to ``worker_id`` of claimed jobs, 1 to 255
             characters. Default: ``"<hostname>:<pid>:<6 random hex digits>"``
             ([`default_worker_id()`][django_pgqueue.worker.default_worker_id]). Must be
@@ -389,7 +389,8 @@ class Worker:
                 self._drop_connection()
                 self._stopping.wait(delay)
                 continue
-            if self.burst and not claimed and not self._running and not self._outcomes:
+            idle = not claimed and not self._running and not self._outcomes
+            if self.burst and idle and not self._waiting_for_rate_limits():
                 logger.info("burst: no due job left")
                 return
             if asked and len(claimed) == asked:
@@ -416,6 +417,17 @@ class Worker:
     def _room(self) -> int:
         """How many more jobs to hold: free slots plus the prefetch buffer's room."""
         return self.concurrency + self._prefetch_depth() - len(self._running) - len(self._abandoned)
+
+    def _waiting_for_rate_limits(self) -> bool:
+        """Whether due jobs of this worker are only waiting for a rate limit's window: a
+        burst run waits for them (it ends when no due job is left)."""
+        if self._rate_room_at is None:
+            return False
+        row = self._db().execute(
+            queries.RATE_LIMITED_DUE, {"job_types": self.job_types, "queues": self.queues}
+        )
+        found = row.fetchone()
+        return bool(found and found[0])
 
     def _free_slots(self) -> int:
         """Slots idle now: a job handed to one starts at once."""
