@@ -70,11 +70,13 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
-    SELECT array_agg(name) INTO v_paused FROM pgqueue_queues WHERE paused_at IS NOT NULL;
-
-    v_limited := EXISTS (SELECT 1 FROM pgqueue_limits);
-    v_keyed := v_limited AND EXISTS (SELECT 1 FROM pgqueue_limits WHERE scope = 'key');
-    v_rated := EXISTS (SELECT 1 FROM pgqueue_rate_limits);
+    -- One statement for what every claim reads first: each costs a round into the
+    -- executor, and a claim without limits is little more than these and its walk.
+    SELECT (SELECT array_agg(name) FROM pgqueue_queues WHERE paused_at IS NOT NULL),
+           EXISTS (SELECT 1 FROM pgqueue_limits),
+           EXISTS (SELECT 1 FROM pgqueue_limits WHERE scope = 'key'),
+           EXISTS (SELECT 1 FROM pgqueue_rate_limits)
+      INTO v_paused, v_limited, v_keyed, v_rated;
     -- A key is named job_type, newline, concurrency_key: job types have no newline.
 
     -- Without limits, one walk claims the batch. With limits, at most three: a walk
