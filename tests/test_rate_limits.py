@@ -367,6 +367,22 @@ def test_the_wait_function_says_when_a_full_limit_has_room_for_a_worker():
 
 
 @pytest.mark.django_db
+def test_a_window_that_got_room_while_the_claim_ran_says_claim_again_at_once():
+    # The claim saw the window full; its oldest start left the window a moment later,
+    # before the worker asked when to claim next. "No limit is full" (NULL) would send
+    # the worker to sleep until its next poll while the room goes unused.
+    rate("job_type", "tests.record", "1/s")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO pgqueue_rate_starts (scope, name, started_at, jobs) "
+            "VALUES ('job_type', 'tests.record', now() - interval '950 ms', 1)"
+        )
+        cursor.execute("SELECT pg_sleep(0.1)")  # the start leaves the window meanwhile
+        cursor.execute("SELECT pgqueue_rate_limit_wait(NULL, NULL)")
+        assert cursor.fetchone() == (0.0,)
+
+
+@pytest.mark.django_db
 def test_recovery_prunes_starts_that_left_their_window_and_those_of_removed_limits():
     rate("job_type", "tests.record", "5/s")
     now = timezone.now()

@@ -7,6 +7,12 @@
 --
 -- Returns seconds (0 when a limit has room already), or NULL when no limit of these job
 -- types and queues is full. p_job_types and p_queues: as claim_job_batch's (NULL: all).
+--
+-- Call it in the claim's transaction: "full" is judged at the start of the transaction,
+-- now(), not at the moment of the call. A window that was full when the claim looked and
+-- got room a moment later (its oldest claim left it in between) must not read as "not
+-- full": the worker would wait for its next poll, and the room would go unused until then.
+-- Judged at now(), such a window is full, and the wait is 0.
 CREATE FUNCTION pgqueue_rate_limit_wait(p_job_types text[], p_queues text[])
 RETURNS double precision
 LANGUAGE sql STABLE AS $$
@@ -17,7 +23,7 @@ LANGUAGE sql STABLE AS $$
         SELECT min(s.started_at) AS oldest, sum(s.jobs) AS jobs
           FROM pgqueue_rate_starts AS s
          WHERE s.scope = r.scope AND s.name = r.name
-           AND s.started_at > clock_timestamp() - r.period_seconds * interval '1 second'
+           AND s.started_at > now() - r.period_seconds * interval '1 second'
      ) AS window_
      WHERE window_.jobs >= r.max_jobs
        AND CASE r.scope WHEN 'queue' THEN p_queues IS NULL OR r.name = ANY (p_queues)
