@@ -33,6 +33,8 @@ CPU_JOB_SECONDS = 0.001
 FAIL_EVERY = 10
 #: W9's keys: job ``i`` has key ``i % W9_KEYS``, each key limited to one job at a time.
 W9_KEYS = 1000
+#: W10's workers: 4 processes, as its target states, with slots to spare.
+W10_LAYOUT = "4x2"
 #: How long a worker may take to become ready, and a drain to finish, before the run
 #: is given up.
 READY_TIMEOUT = 60.0
@@ -225,6 +227,22 @@ def drain_rate(jobs: int, start: float, last_finished: float, exited: float) -> 
     return result
 
 
+def rate_kept(starts: Sequence[float], rate: int, seconds: float) -> dict[str, Any]:
+    """W10's result from the start times (epoch seconds) of a rate-limited backlog: the
+    rate over the ``seconds`` from the first start, and the most starts in any second
+    (a half-open window, as the limit counts)."""
+    ordered = sorted(starts)
+    if not ordered:
+        raise RuntimeError("no job started")
+    kept = sum(1 for start in ordered if start < ordered[0] + seconds)
+    peak = first = 0
+    for last, start in enumerate(ordered):
+        while ordered[first] <= start - 1.0:
+            first += 1
+        peak = max(peak, last - first + 1)
+    return {"rate": kept / seconds, "limit": rate, "peak": peak, "jobs": kept}
+
+
 def with_database(url: str, name: str) -> str:
     """``url`` with its database replaced by ``name``."""
     return urlunsplit(urlsplit(url)._replace(path="/" + name))
@@ -280,6 +298,14 @@ def harness_parser(description: str, extra: Sequence[str] = ()) -> argparse.Argu
         "rows would slow the next claims down until autovacuum comes, and a drain without "
         "--keep starts from a truncated table",
     )
+    p = sub.add_parser(
+        "rate-limit",
+        help="W10: a backlog under a rate limit of --rate jobs a second, run by workers for "
+        "--seconds; report the rate kept and the most starts in any second",
+    )
+    p.add_argument("--rate", type=int, required=True)
+    p.add_argument("--seconds", type=float, required=True)
+    p.add_argument("--layout", default="4x2")
     p = sub.add_parser("latency", help="enqueue-commit to job start, idle worker")
     p.add_argument("--samples", type=int, required=True)
     p.add_argument("--layout", default="1x4")
@@ -297,6 +323,7 @@ _STANDARD_COMMANDS = (
     "enqueue-single",
     "enqueue-bulk",
     "drain",
+    "rate-limit",
     "latency",
     "fill-finished",
 )

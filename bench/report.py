@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import baseline
+from bench.common import W10_LAYOUT
 from bench.systems.harness_pgqueue import PAIRED_BLOCK, PREPARED_OPTIONS
 
 
@@ -130,6 +131,10 @@ class Target:
 def _fmt_value(unit: str) -> Any:
     if unit == "ms":
         return lambda v: f"{v:.1f} ms"
+    if unit == "%":
+        return lambda v: f"{100 * v:.1f}%"
+    if unit == "jobs":
+        return lambda v: f"{v:,.0f} jobs"
     return lambda v: f"{v:,.0f} jobs/s"
 
 
@@ -174,6 +179,9 @@ def targets(results: Results, ours: str = "pgqueue") -> list[Target]:
     w5 = results.find(ours, "W5", variant)
     slowdown = _ratio(w3, w5.median if w5 else None)
     w9 = results.find(ours, "W9", variant)
+    w10 = results.find(ours, "W10", W10_LAYOUT)
+    w10_peak = results.find(ours, "W10-peak", W10_LAYOUT)
+    limit = results.meta.get("w10_rate")
     peer_label = f"{best_peer.system} {best_peer.variant}" if best_peer else "no peer measured"
     return [
         Target("W3 drain", w3, 10_000, unit="jobs/s", detail=f"best layout: {variant or '-'}"),
@@ -218,6 +226,23 @@ def targets(results: Results, ours: str = "pgqueue") -> list[Target]:
             0.5,
             unit="x",
             detail=f"layout {variant or '-'}",
+        ),
+        Target(
+            "W10 rate kept, off the limit by",
+            None if not (w10 and w10.values and limit) else abs(w10.median / limit - 1),
+            0.05,
+            False,
+            unit="%",
+            detail=f"limit {limit}/s, 4 worker processes; median "
+            f"{_fmt_rate(w10.median if w10 else None)} jobs/s",
+        ),
+        Target(
+            "W10 most starts in any second",
+            max(w10_peak.values) if w10_peak and w10_peak.values else None,
+            (limit or 0) + 1,
+            False,
+            unit="jobs",
+            detail="read back from started_at; the limit is never exceeded",
         ),
     ]
 
@@ -350,6 +375,24 @@ def markdown(results: Results) -> str:
                 _ratio_cell(results, system.name, ("W9", "W3"), variant),
             ]
             out.append(f"| {_system_label(results, system.name)} | " + " | ".join(cells) + " |")
+    limit = meta.get("w10_rate")
+    out += [
+        "",
+        f"## Rate limits (W10: {limit} jobs/s, 4 worker processes)",
+        "",
+        "| System | Jobs started a second, over the window | Most starts in any second |",
+        "|---|---|---|",
+    ]
+    for system in results.systems:
+        if system.status != "ok" or system.name in ("pgbench", "reference"):
+            continue
+        cells = [_cell(results, system.name, "W10", W10_LAYOUT, "jobs/s")]
+        peak = results.find(system.name, "W10-peak", W10_LAYOUT)
+        if peak and peak.values:
+            cells.append(f"{max(peak.values):,.0f}")
+        else:
+            cells.append(peak.error if peak and peak.error else "-")
+        out.append(f"| {_system_label(results, system.name)} | " + " | ".join(cells) + " |")
     out += ["", "## Notes", ""]
     for system in results.systems:
         for note in system.notes:
@@ -497,9 +540,10 @@ def baseline_section(results: Results) -> list[str]:
 def summary_lines(results: Results) -> Iterable[str]:
     """What the command prints at the end: the targets, one per line."""
     for target in [*targets(results), *baseline_targets(results)]:
-        measured = "-" if target.measured is None else f"{target.measured:,.2f}"
+        scale = 100 if target.unit == "%" else 1
+        measured = "-" if target.measured is None else f"{scale * target.measured:,.2f}"
         sign = ">=" if target.higher_is_better else "<"
         yield (
             f"{target.verdict:4}  {target.name}: {measured} {target.unit} "
-            f"(target {sign} {target.goal:g} {target.unit}) {target.detail}"
+            f"(target {sign} {scale * target.goal:g} {target.unit}) {target.detail}"
         )

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import baseline, report  # noqa: E402
-from bench.common import W9_KEYS  # noqa: E402
+from bench.common import W9_KEYS, W10_LAYOUT  # noqa: E402
 from bench.report import Figure, Results, SystemInfo  # noqa: E402
 
 #: Durable settings for the benchmark's own server: never the test tuning. Checkpoints
@@ -89,22 +89,40 @@ class Sizes:
     every_layout: tuple[str, ...] = ("W3", "W5", "W6", "W9")
     #: W9: jobs over ``W9_KEYS`` keys, each key limited to one job at a time.
     w9: int = 20_000
+    #: W10: a rate limit of ``w10_rate`` jobs a second, measured over ``w10_seconds``.
+    w10_rate: int = 100
+    w10_seconds: float = 60.0
 
     def describe(self) -> str:
         return (
             f"W1 {self.w1:,} jobs, W2 {self.w2:,}, W3 {self.w3:,}, W4 {self.w4} samples, "
             f"W5 {self.w5_rows:,} finished rows, W6 {self.w6:,}, W9 {self.w9:,} over "
-            f"{W9_KEYS:,} keys"
+            f"{W9_KEYS:,} keys, W10 {self.w10_rate}/s for {self.w10_seconds:g} s"
         )
 
 
 FULL = Sizes(10_000, 50_000, 20_000, 200, 1_000_000, 3_000, 3, 20.0)
-QUICK = Sizes(2_000, 10_000, 5_000, 50, 100_000, 1_000, 1, None, w9=5_000)
-SMOKE = Sizes(100, 500, 200, 10, 1_000, 100, 1, None, every_layout=("W3",), w9=200)
+QUICK = Sizes(2_000, 10_000, 5_000, 50, 100_000, 1_000, 1, None, w9=5_000, w10_seconds=20)
+SMOKE = Sizes(
+    100,
+    500,
+    200,
+    10,
+    1_000,
+    100,
+    1,
+    None,
+    every_layout=("W3",),
+    w9=200,
+    w10_rate=20,
+    w10_seconds=2,
+)
 
 
 #: Why a peer has no W9 figure: what it offers for "at most one job per key at once".
 NO_PER_KEY_LIMITS = "n/a: no per-key concurrency limit"
+#: Why a peer has no W10 figure.
+NO_RATE_LIMITS = "n/a: no cluster-wide rate limit"
 
 
 @dataclass(frozen=True)
@@ -152,7 +170,10 @@ SYSTEMS = [
         ("procrastinate==3.10.0", "psycopg[binary]"),
         "procrastinate",
         {"1x4": "1 process, `concurrency=4` (async tasks)"},
-        unsupported={"W9": "n/a: not measured yet (its `lock` runs one job per key)"},
+        unsupported={
+            "W9": "n/a: not measured yet (its `lock` runs one job per key)",
+            "W10": NO_RATE_LIMITS,
+        },
         notes=(
             "`defer_async` (W1), `batch_defer_async` in chunks of 5,000 (W2), "
             "`run_worker_async(wait=False)` (W3, W5, W6), `RetryStrategy(max_attempts=3)`.",
@@ -165,7 +186,10 @@ SYSTEMS = [
         ("pgqueuer==1.6.0", "asyncpg"),
         "pgqueuer",
         {"1x4": "1 process, `max_concurrent_tasks=4`, `batch_size=2` (async)"},
-        unsupported={"W9": NO_PER_KEY_LIMITS},
+        unsupported={
+            "W9": NO_PER_KEY_LIMITS,
+            "W10": "n/a: not measured yet (its entrypoints take `requests_per_second`)",
+        },
         notes=(
             "asyncpg driver; finished jobs leave its queue table for `pgqueuer_log`, so W5's "
             "finished rows go there; W6 uses `DatabaseRetryEntrypointExecutor` with no delay.",
@@ -178,7 +202,11 @@ SYSTEMS = [
         ("django-tasks-db[compat]==0.13.0", "psycopg[binary]"),
         "django-tasks-db",
         {"4x1": "4 `db_worker` processes x 1 task"},
-        unsupported={"W6": "n/a: no retries", "W9": NO_PER_KEY_LIMITS},
+        unsupported={
+            "W6": "n/a: no retries",
+            "W9": NO_PER_KEY_LIMITS,
+            "W10": NO_RATE_LIMITS,
+        },
         notes=(
             "Django 5.2 with the django-tasks backport; no bulk enqueue API (W2 is a loop, one "
             "transaction per 5,000); `db_worker` polls (W4 with `--interval 0.1`, not the "
@@ -187,7 +215,7 @@ SYSTEMS = [
     ),
 ]
 PEER_EXTRA_LAYOUT = {"2x2": "2 processes x concurrency 2"}
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W9")
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W9", "W10")
 ALL_NAMES = [spec.name for spec in SYSTEMS] + ["pgbench"]
 
 
@@ -609,6 +637,29 @@ class Bench:
                         lambda n, b=batch, x=binary, d=dsn: run_pgbench(x, d, n, b),
                     )
 
+    def rate_limit(self) -> None:
+        """W10: a backlog under a rate limit, run by ``W10_LAYOUT`` workers: the rate
+        kept over the measured seconds, and the most starts in any second."""
+        rate, seconds = self.sizes.w10_rate, self.sizes.w10_seconds
+        for run in self.each_run():
+            for system in self.systems:
+                name = system.spec.name
+                kept = self.results.figure(name, "W10", W10_LAYOUT)
+                peak = self.results.figure(name, "W10-peak", W10_LAYOUT)
+                if "W10" in system.spec.unsupported:
+                    kept.error = peak.error = system.spec.unsupported["W10"]
+                    continue
+                args = ["rate-limit", "--rate", str(rate), "--seconds", f"{seconds:g}"]
+                result = self.record(
+                    kept,
+                    f"W10 run {run} {name} jobs/s under {rate}/s",
+                    lambda s=system, a=args: s.run(*a, "--layout", W10_LAYOUT),
+                )
+                if result:
+                    peak.values.append(result["peak"])
+                else:
+                    peak.error = kept.error
+
     def latency(self) -> None:
         for run in self.each_run():
             for system in self.systems:
@@ -802,7 +853,10 @@ def baseline_spec(rev: str, venv_dir: Path) -> SystemSpec:
         requirements=baseline.requirements(source),
         notes=(f"The package as of {commit[:9]} ({rev}), with this tree's harness.",),
         # Per-key limits may be newer than the baseline: compare W9 with W3 instead.
-        unsupported={"W9": "n/a: compared with W3 of the same run"},
+        unsupported={
+            "W9": "n/a: compared with W3 of the same run",
+            "W10": "n/a: measured against the limit, not the baseline",
+        },
         harness_path=baseline.harness_path(venv_dir),
     )
 
@@ -843,6 +897,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         meta={
             "started": started.strftime("%Y-%m-%d %H:%M UTC"),
             "mode": "smoke" if args.smoke else "quick" if args.quick else "full",
+            "w10_rate": sizes.w10_rate,
             "runs": sizes.runs,
             "sizes": sizes.describe(),
             "workloads": ", ".join(sorted(args.workloads)),
@@ -894,6 +949,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 bench.drain("W6", sizes.w6, kind="cpu_flaky")
             if "W9" in bench.workloads:
                 bench.drain("W9", sizes.w9, kind="keyed")
+            if "W10" in bench.workloads:
+                bench.rate_limit()
         finally:
             if not args.keep_databases:
                 for system in bench.systems:

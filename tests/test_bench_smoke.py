@@ -64,7 +64,13 @@ def test_bench_smoke_run_measures_every_workload(tmp_path: Path) -> None:
             assert re.fullmatch(r"[\d,.]+", w9) and re.fullmatch(r"[\d.]+x", w9_ratio), line
     # Every target is judged; the ones needing peers or pgbench say n/a.
     verdicts = re.findall(r"^(PASS|MISS|n/a )\s", result.stdout, re.MULTILINE)
-    assert len(verdicts) == 8, result.stdout[-2000:]
+    assert len(verdicts) == 10, result.stdout[-2000:]
+    # W10: the rate limit kept, never exceeded in any second.
+    assert re.search(r"^PASS  W10 most starts in any second", result.stdout, re.M), result.stdout
+    lines = report.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("## Rate limits (W10"))
+    kept, peak = (cell.strip() for cell in lines[header + 4].strip("|").split("|")[1:3])
+    assert re.fullmatch(r"[\d.]+", kept) and int(peak) <= 20, lines[header + 4]
     assert (tmp_path / "results.json").exists()
     assert not (tmp_path / "chart.png").exists()
 

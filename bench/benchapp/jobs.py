@@ -32,3 +32,6 @@ def cpu_flaky(job: Any) -> None:
 # on the limited path: only W9's harness and workers register it.
 if os.environ.get("BENCH_KEYED_JOBS"):
     from . import keyed_jobs  # noqa: F401
+# The same for W10's rate-limited job type (the variable holds its rate, jobs a second).
+if os.environ.get("BENCH_RATED_JOBS"):
+    from . import rated_jobs  # noqa: F401

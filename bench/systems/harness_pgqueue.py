@@ -202,6 +202,34 @@ def drain(args: Any) -> dict[str, Any]:
     return common.drain_rate(args.jobs, start, float(last), end)
 
 
+def rate_limit(args: Any) -> dict[str, Any]:
+    """W10: ``bench.rated`` under ``--rate`` jobs a second, a backlog that outlasts the
+    measured ``--seconds``, run by non-burst workers; read back from ``started_at``."""
+    processes, slots = common.parse_layout(args.layout)
+    _truncate()
+    _execute("TRUNCATE pgqueue_rate_starts")
+    os.environ["BENCH_RATED_JOBS"] = str(args.rate)  # here and in the workers
+    import bench.benchapp.rated_jobs  # noqa: F401  (registers bench.rated)
+    from django_pgqueue.rate_limits import sync_declared_rate_limits
+
+    sync_declared_rate_limits()
+    enqueue_in_chunks("bench.rated", int(args.rate * (args.seconds + 10)), 5000)
+    _execute(f"ANALYZE {TABLE}")
+    from django.db import connection
+
+    connection.close()
+    group = common.WorkerGroup.start([_worker_command(args, slots, False)] * processes)
+    try:
+        group.go()
+        time.sleep(args.seconds + 2)
+    finally:
+        group.terminate()
+    starts = _execute(
+        f"SELECT extract(epoch FROM started_at) FROM {TABLE} WHERE started_at IS NOT NULL"
+    )
+    return common.rate_kept([float(s) for (s,) in starts], args.rate, args.seconds)
+
+
 def latency(args: Any) -> dict[str, Any]:
     from django_pgqueue import enqueue
 
@@ -259,6 +287,7 @@ COMMANDS = {
     "baseline-insert": baseline_insert,
     "drain": drain,
     "latency": latency,
+    "rate-limit": rate_limit,
     "fill-finished": fill_finished,
 }
 
