@@ -176,11 +176,12 @@ def prepare(
         None,
     )
     definition = resolved.definition
-    if definition is not None and definition.concurrency_key is not None:
+    if definition is not None and definition.key is not None:
         row = row._replace(
-            concurrency_key=_concurrency_key(definition, data, f"{prefix}concurrency_key"),
-            # A job scheduled for later is never held (sql/key_limits_v1.sql).
-            held=row.undelayed,
+            concurrency_key=_job_key(definition, data, f"{prefix}{definition.key_option}"),
+            # Held: due jobs of a per-key concurrency limit; a job scheduled for later is
+            # never held (sql/key_limits_v1.sql). Per-key rates alone hold nothing.
+            held=row.undelayed and definition.concurrency_key is not None,
         )
     if unique_key is None and definition is not None and definition.unique_key is not None:
         unique_key = _default_key(definition, data, f"{prefix}unique_key")
@@ -238,17 +239,19 @@ def _call_key_function(
         ) from exc
 
 
-def _concurrency_key(definition: registry.JobDefinition, data: Any, field: str) -> str:
-    """The job's key under its type's per-key limit: the value at the payload path, or
-    what the type's key function returns."""
-    source = definition.concurrency_key
+def _job_key(definition: registry.JobDefinition, data: Any, field: str) -> str:
+    """The job's key under its type's per-key limits: the value at the payload path, or
+    what the type's key function returns (``concurrency_key``, else ``rate_key``)."""
+    source = definition.key
+    option = definition.key_option
+    what = option.replace("_", " ")  # "concurrency key", "rate key"
     payload = data if data is not None else {}
     if callable(source):
-        key = _call_key_function(source, payload, definition, "concurrency_key", "a string", field)
+        key = _call_key_function(source, payload, definition, option, "a string", field)
         if not isinstance(key, str):
             raise InvalidJobError(
                 field,
-                f"the concurrency_key function of job type {definition.job_type!r} returned "
+                f"the {option} function of job type {definition.job_type!r} returned "
                 f"{type(key).__name__}; it must return a string",
             )
         return validation.concurrency_key(key, field)
@@ -258,7 +261,7 @@ def _concurrency_key(definition: registry.JobDefinition, data: Any, field: str) 
         if not isinstance(value, Mapping) or name not in value:
             raise InvalidJobError(
                 field,
-                f"job type {definition.job_type!r} takes its concurrency key from data "
+                f"job type {definition.job_type!r} takes its {what} from data "
                 f"field {source!r}, which this payload does not have",
             )
         value = value[name]
@@ -267,7 +270,7 @@ def _concurrency_key(definition: registry.JobDefinition, data: Any, field: str) 
     elif not isinstance(value, str):
         raise InvalidJobError(
             field,
-            f"data field {source!r}, the concurrency key of job type "
+            f"data field {source!r}, the {what} of job type "
             f"{definition.job_type!r}, must be a string or an integer, got "
             f"{type(value).__name__}",
         )

@@ -909,6 +909,8 @@ class ConcurrencyLimit(JobsDatabaseModel):
 class RateLimitScope(models.TextChoices):
     QUEUE = "queue", _("Queue")
     JOB_TYPE = "job_type", _("Job type")
+    #: Per key of a job type: the row's name is the job type, the rate applies to each key.
+    KEY = "key", _("Each key of a job type")
 
 
 class RateLimit(JobsDatabaseModel):
@@ -924,7 +926,8 @@ class RateLimit(JobsDatabaseModel):
     A row of ``pgqueue_rate_limits``; see [rate limits](#rate-limits).
 
     Attributes:
-        scope (CharField): ``"queue"`` or ``"job_type"``.
+        scope (CharField): ``"queue"``, ``"job_type"`` or ``"key"`` (the rate applies to
+            each key of the job type).
         name (CharField): The queue or job type.
         declared_jobs (IntegerField): Jobs per period declared, or ``NULL``.
         declared_seconds (IntegerField): The declared period in seconds, or ``NULL``.
@@ -1006,7 +1009,8 @@ class RateLimitStart(JobsDatabaseModel):
     sliding window a rate limit is counted in.
 
     Written by the claim under the limit's lock; rows older than their limit's period are
-    deleted by workers' recovery. Table ``pgqueue_rate_starts``.
+    deleted by workers' recovery. Table ``pgqueue_rate_starts``. For a per-key rate
+    (scope ``"key"``), ``name`` is the job type, a newline, and the key.
     """
 
     pk = models.CompositePrimaryKey("scope", "name", "started_at")
@@ -1017,6 +1021,12 @@ class RateLimitStart(JobsDatabaseModel):
 
     class Meta:
         db_table = "pgqueue_rate_starts"
+        # The claim finds the keys at their rate among the recent starts of every key.
+        indexes = [
+            models.Index(
+                fields=["started_at"], condition=Q(scope="key"), name="idx_rate_starts_keys"
+            )
+        ]
         verbose_name = _("rate limit start")
         verbose_name_plural = _("rate limit starts")
 

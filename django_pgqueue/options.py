@@ -151,8 +151,14 @@ class JobOptions(JobDefaults, total=False):
     limit stays pending, its attempts untouched, and starts as soon as the window has
     room. [`PGQUEUE["JOB_TYPE_RATE_LIMITS"]`](settings.md#rate-limits) wins over it for
     the same job type. A malformed rate raises ``InvalidArgumentError``
-    (``field`` ``"rate_limit"``) at registration. See
-    [Rate-limit jobs](../how-to/rate-limits.md)."""
+    (``field`` ``"rate_limit"``) at registration. With ``rate_key``, the rate applies to
+    each key instead. See [Rate-limit jobs](../how-to/rate-limits.md)."""
+    rate_key: ConcurrencyKey | None
+    """Apply ``rate_limit`` to each key of this job type (a tenant, an account): a payload
+    path or a callable, as ``concurrency_key`` takes, computed at every enqueue (errors
+    name ``field`` ``"rate_key"``). Needs ``rate_limit``. A job type has one key: with
+    both ``concurrency_key`` and ``rate_key``, they must be the same. See
+    [Rate-limit each key](../how-to/rate-limits.md#rate-limit-each-key)."""
 
 
 __all__ = ["EnqueueOptions", "JobDefaults", "JobOptions", "JobSpec"]

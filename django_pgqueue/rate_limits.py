@@ -38,7 +38,7 @@ __all__ = [
     "sync_declared_rate_limits",
 ]
 
-#: ``(scope, name)``: scope is ``"queue"`` or ``"job_type"``.
+#: ``(scope, name)``: scope is ``"queue"``, ``"job_type"`` or ``"key"`` (name: the job type).
 RateLimitKey = tuple[str, str]
 
 # Serialises the writers of pgqueue_rate_limits (worker syncs, overrides).
@@ -47,11 +47,21 @@ _SYNC_LOCK_KEY = "pgqueue_rate_limits:sync"
 
 def window_sql(limits: str, what: str) -> str:
     """SQL of ``what`` (over ``pgqueue_rate_starts AS s``) for the window, ending now,
-    of the rate limit row ``limits`` (a table or alias of ``pgqueue_rate_limits``)."""
+    of the rate limit row ``limits`` (a table or alias of ``pgqueue_rate_limits``); for a
+    per-key rate, over the windows of all its keys."""
     return (
         f"(SELECT {what} FROM pgqueue_rate_starts AS s "
-        f"WHERE s.scope = {limits}.scope AND s.name = {limits}.name "
+        f"WHERE s.scope = {limits}.scope AND {_names_of(limits)} "
         f"AND s.started_at > clock_timestamp() - {limits}.period_seconds * interval '1 second')"
+    )
+
+
+def _names_of(limits: str) -> str:
+    """SQL: the row ``s`` of ``pgqueue_rate_starts`` counts under the limit ``limits``
+    (a key's rows are named job type, newline, key)."""
+    return (
+        f"CASE WHEN s.scope = 'key' THEN split_part(s.name, E'\\n', 1) ELSE s.name END "
+        f"= {limits}.name"
     )
 
 
@@ -62,10 +72,11 @@ def started_in_window_sql(limits: str) -> str:
 
 def room_in_sql(limits: str) -> str:
     """SQL: seconds until the window of the rate limit row ``limits`` has room, or NULL
-    when it has room now: its oldest start leaves the window then."""
+    when it has room now (or is a per-key rate): its oldest start leaves the window then."""
     oldest = window_sql(limits, "min(s.started_at)")
     return (
-        f"CASE WHEN {started_in_window_sql(limits)} >= {limits}.max_jobs THEN "
+        f"CASE WHEN {limits}.scope <> 'key' "
+        f"AND {started_in_window_sql(limits)} >= {limits}.max_jobs THEN "
         f"greatest(extract(epoch FROM {oldest} + {limits}.period_seconds * interval '1 second'"
         f" - clock_timestamp()), 0) END"
     )
@@ -80,13 +91,16 @@ SELECT r.scope, r.name, r.declared_jobs, r.declared_seconds, r.override_jobs,
  ORDER BY 1, 2
 """
 
-# Rows that left their limit's window, and those of limits that are gone.
-_PRUNE = """
+# Rows that left their limit's window a minute ago, and those of limits that are gone.
+# The minute: a claim counts the window that ends at the moment it took its locks, and
+# may read the log a little later; a row must not vanish from under it in between, or
+# the claim would see room that is not there (and a prune runs every RECOVER_INTERVAL).
+_PRUNE = f"""
 DELETE FROM pgqueue_rate_starts AS s
  WHERE NOT EXISTS (
     SELECT 1 FROM pgqueue_rate_limits AS r
-     WHERE r.scope = s.scope AND r.name = s.name
-       AND s.started_at > now() - r.period_seconds * interval '1 second')
+     WHERE r.scope = s.scope AND {_names_of("r")}
+       AND s.started_at > now() - r.period_seconds * interval '1 second' - interval '1 minute')
 """
 
 
@@ -95,7 +109,7 @@ class RateLimitState:
     """One rate limit as stored, and how full its window is now."""
 
     scope: str
-    """``"queue"`` or ``"job_type"``."""
+    """``"queue"``, ``"job_type"`` or ``"key"`` (the rate applies to each key)."""
     name: str
     """The queue or job type."""
     declared: Rate | None
@@ -105,10 +119,10 @@ class RateLimitState:
     rate: Rate
     """The rate enforced: the override if set, else the declared rate."""
     started_in_window: int
-    """Jobs started in the window that ends now."""
+    """Jobs started in the window that ends now (of a per-key rate: of all its keys)."""
     room_in: float | None
     """Seconds until the window has room again when it is full; ``None`` when it has
-    room now."""
+    room now, and for a per-key rate."""
 
 
 def _rate(jobs: int | None, seconds: int | None) -> Rate | None:
@@ -119,8 +133,9 @@ def declared_rate_limits() -> dict[RateLimitKey, Rate]:
     """The rate limits this process's settings and ``@job`` registrations declare.
 
     By ``(scope, name)``: ``PGQUEUE["QUEUE_RATE_LIMITS"]``, then
-    ``@job(rate_limit=...)``, then ``PGQUEUE["JOB_TYPE_RATE_LIMITS"]`` (which wins over a
-    job type's own rate; ``None`` removes it).
+    ``@job(rate_limit=...)`` (scope ``"key"`` with a ``rate_key``), then
+    ``PGQUEUE["JOB_TYPE_RATE_LIMITS"]`` (which wins over a job type's own rate; ``None``
+    removes it; it never changes a per-key rate).
     """
     settings = conf.get_settings()
     declared: dict[RateLimitKey, Rate] = {
@@ -128,9 +143,10 @@ def declared_rate_limits() -> dict[RateLimitKey, Rate]:
         for name, rate in settings.QUEUE_RATE_LIMITS.items()
     }
     for job_type in registry.registered_job_types():
-        rate_limit = registry.get_definition(job_type).rate_limit
-        if rate_limit is not None:
-            declared[(RateLimitScope.JOB_TYPE.value, job_type)] = rate_limit
+        definition = registry.get_definition(job_type)
+        if definition.rate_limit is not None:
+            scope = RateLimitScope.JOB_TYPE if definition.rate_key is None else RateLimitScope.KEY
+            declared[(scope.value, job_type)] = definition.rate_limit
     for job_type, setting in settings.JOB_TYPE_RATE_LIMITS.items():
         key = (RateLimitScope.JOB_TYPE.value, job_type)
         if setting is None:
@@ -243,7 +259,8 @@ def override_rate_limit(
     (``django_pgqueue.limits``, ``INFO``).
 
     Args:
-        scope: ``"queue"`` or ``"job_type"``.
+        scope: ``"queue"``, ``"job_type"`` or ``"key"`` (the rate of each key of a job
+            type).
         name: The queue or job type.
         rate: A rate such as ``"100/m"`` (see [rates](#rates)), or ``None`` to clear the
             override.
@@ -305,8 +322,9 @@ def override_rate_limit(
 
 
 def prune_rate_starts(using: str | None = None) -> int:
-    """Delete the logged starts that left their rate limit's window, and those of rate
-    limits that are gone; return how many rows went. Workers' recovery calls it."""
+    """Delete the logged starts that left their rate limit's window more than a minute
+    ago, and those of rate limits that are gone; return how many rows went. Workers'
+    recovery calls it."""
     with connections[conf.jobs_database(using)].cursor() as cursor:
         cursor.execute(_PRUNE)
         return int(cursor.rowcount)

@@ -59,6 +59,7 @@ class JobDefinition:
         concurrency: As given to ``@job``, or ``None``.
         concurrency_key: As given to ``@job`` (a payload path or a callable), or ``None``.
         rate_limit: The rate given to ``@job``, parsed, or ``None``.
+        rate_key: As given to ``@job`` (a payload path or a callable), or ``None``.
     """
 
     def __init__(
@@ -78,6 +79,7 @@ class JobDefinition:
         concurrency: int | None = None,
         concurrency_key: ConcurrencyKey | None = None,
         rate_limit: Rate | None = None,
+        rate_key: ConcurrencyKey | None = None,
     ) -> None:
         self.func = func
         self.job_type = job_type
@@ -99,10 +101,24 @@ class JobDefinition:
         self.concurrency_key = concurrency_key
         #: At most ``rate_limit.jobs`` jobs of this type started per ``rate_limit.seconds``.
         self.rate_limit = rate_limit
+        #: With it, ``rate_limit`` applies to each key: a payload path or ``callable(data)``.
+        self.rate_key = rate_key
         functools.update_wrapper(self, func)
 
     def __call__(self, job: Job) -> Any:
         return self.func(job)
+
+    @property
+    def key(self) -> ConcurrencyKey | None:
+        """Where each job's key comes from, for the per-key limits of this job type:
+        ``concurrency_key``, else ``rate_key`` (they are the same when both are given).
+        Stored in ``Job.concurrency_key``."""
+        return self.concurrency_key if self.concurrency_key is not None else self.rate_key
+
+    @property
+    def key_option(self) -> str:
+        """The ``@job`` option that names the key: ``"concurrency_key"`` or ``"rate_key"``."""
+        return "concurrency_key" if self.concurrency_key is not None else "rate_key"
 
     def __repr__(self) -> str:
         return f"<JobDefinition {self.job_type!r} -> {_qualified(self.func)}>"
@@ -264,23 +280,30 @@ def _check_concurrency(value: Any) -> None:
         ) from None
 
 
-def _check_concurrency_key(value: Any, concurrency: Any) -> None:
+def _check_key(option: str, value: Any, limit: Any) -> None:
+    """``concurrency_key`` or ``rate_key``: a payload path or a callable, with its limit."""
     if isinstance(value, str):
         if not value or any(not part for part in value.split(".")):
             raise JobRegistrationError(
-                f"concurrency_key {value!r} is not a payload path: give a field name such as "
+                f"{option} {value!r} is not a payload path: give a field name such as "
                 "'tenant_id', or dotted names for nested fields ('customer.id')"
             )
     elif not callable(value):
         raise JobRegistrationError(
-            "concurrency_key must be a payload path (a string such as 'tenant_id') or a "
+            f"{option} must be a payload path (a string such as 'tenant_id') or a "
             f"callable(data) -> str; got {type(value).__name__}"
         )
-    if concurrency is None:
+    if limit is not None:
+        return
+    if option == "concurrency_key":
         raise JobRegistrationError(
             "concurrency_key needs concurrency: how many jobs of one key may run at once, "
             "e.g. @job(concurrency=3, concurrency_key='tenant_id')"
         )
+    raise JobRegistrationError(
+        "rate_key needs rate_limit: how many jobs of one key may start per period, "
+        "e.g. @job(rate_limit='10/s', rate_key='tenant_id')"
+    )
 
 
 @overload
@@ -321,7 +344,7 @@ def job(
             ``queue``, ``priority``, ``max_attempts`` (defaults of the type's enqueues),
             ``timeout``, ``retry_backoff``, ``atomic`` (default ``True``),
             ``unique_key``, ``unique_for``, ``schedule``, ``concurrency``,
-            ``concurrency_key``, ``rate_limit``. An undeclared keyword raises
+            ``concurrency_key``, ``rate_limit``, ``rate_key``. An undeclared keyword raises
             ``TypeError``.
 
     Returns:
@@ -336,8 +359,9 @@ def job(
             ``unique_key`` that is not a valid key.
         JobRegistrationError: At decoration time, when ``retry_backoff`` is neither a
             ``Backoff`` nor a callable, when ``unique_key`` is neither a string nor a
-            callable, when ``concurrency`` is invalid, when ``concurrency_key`` is
-            neither a payload path nor a callable or comes without ``concurrency``, when
+            callable, when ``concurrency`` is invalid, when ``concurrency_key`` or
+            ``rate_key`` is neither a payload path nor a callable or comes without its
+            limit, when both are given and differ, when
             the decorated object is not callable or a worker could not run it (an
             ``async def`` or generator function, or one that does not take the job as
             its one positional argument), or when
@@ -359,6 +383,7 @@ def job(
     concurrency = options.get("concurrency")
     concurrency_key = options.get("concurrency_key")
     rate_limit = options.get("rate_limit")
+    rate_key = options.get("rate_key")
     if callable(job_type):
         return job()(job_type)
     if job_type is not None:
@@ -391,7 +416,15 @@ def job(
     if concurrency is not None:
         _check_concurrency(concurrency)
     if concurrency_key is not None:
-        _check_concurrency_key(concurrency_key, concurrency)
+        _check_key("concurrency_key", concurrency_key, concurrency)
+    if rate_key is not None:
+        _check_key("rate_key", rate_key, rate_limit)
+        if concurrency_key is not None and concurrency_key != rate_key:
+            raise JobRegistrationError(
+                "a job type has one key for its per-key limits: give concurrency_key and "
+                f"rate_key the same payload path or function (got {concurrency_key!r} and "
+                f"{rate_key!r}), or only one of them"
+            )
     if schedule is not None:
         schedule = validate_cron(schedule)
     rate = None if rate_limit is None else parse_rate(rate_limit, "rate_limit")
@@ -417,6 +450,7 @@ def job(
                 concurrency=concurrency,
                 concurrency_key=concurrency_key,
                 rate_limit=rate,
+                rate_key=rate_key,
             )
         )
 

@@ -19,32 +19,6 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name="RateLimitStart",
-            fields=[
-                (
-                    "pk",
-                    models.CompositePrimaryKey(
-                        "scope",
-                        "name",
-                        "started_at",
-                        blank=True,
-                        editable=False,
-                        primary_key=True,
-                        serialize=False,
-                    ),
-                ),
-                ("scope", models.CharField(max_length=16)),
-                ("name", models.CharField(max_length=255)),
-                ("started_at", models.DateTimeField()),
-                ("jobs", models.IntegerField()),
-            ],
-            options={
-                "verbose_name": "rate limit start",
-                "verbose_name_plural": "rate limit starts",
-                "db_table": "pgqueue_rate_starts",
-            },
-        ),
-        migrations.CreateModel(
             name="RateLimit",
             fields=[
                 (
@@ -56,7 +30,12 @@ class Migration(migrations.Migration):
                 (
                     "scope",
                     models.CharField(
-                        choices=[("queue", "Queue"), ("job_type", "Job type")], max_length=16
+                        choices=[
+                            ("queue", "Queue"),
+                            ("job_type", "Job type"),
+                            ("key", "Each key of a job type"),
+                        ],
+                        max_length=16,
                     ),
                 ),
                 ("name", models.CharField(max_length=255)),
@@ -100,7 +79,7 @@ class Migration(migrations.Migration):
                         fields=("scope", "name"), name="pgqueue_rate_limits_scope_name"
                     ),
                     models.CheckConstraint(
-                        condition=models.Q(("scope__in", ["queue", "job_type"])),
+                        condition=models.Q(("scope__in", ["queue", "job_type", "key"])),
                         name="pgqueue_rate_limits_scope_valid",
                     ),
                     models.CheckConstraint(
@@ -137,6 +116,39 @@ class Migration(migrations.Migration):
                         ),
                         name="pgqueue_rate_limits_declared_or_override",
                     ),
+                ],
+            },
+        ),
+        migrations.CreateModel(
+            name="RateLimitStart",
+            fields=[
+                (
+                    "pk",
+                    models.CompositePrimaryKey(
+                        "scope",
+                        "name",
+                        "started_at",
+                        blank=True,
+                        editable=False,
+                        primary_key=True,
+                        serialize=False,
+                    ),
+                ),
+                ("scope", models.CharField(max_length=16)),
+                ("name", models.CharField(max_length=255)),
+                ("started_at", models.DateTimeField()),
+                ("jobs", models.IntegerField()),
+            ],
+            options={
+                "verbose_name": "rate limit start",
+                "verbose_name_plural": "rate limit starts",
+                "db_table": "pgqueue_rate_starts",
+                "indexes": [
+                    models.Index(
+                        condition=models.Q(("scope", "key")),
+                        fields=["started_at"],
+                        name="idx_rate_starts_keys",
+                    )
                 ],
             },
         ),

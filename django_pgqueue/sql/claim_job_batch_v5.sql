@@ -1,9 +1,10 @@
 -- claim_job_batch, version 5: as version 4, with rate limits and a new last parameter,
 -- p_free_slots. A new signature: the migration drops version 4 first.
 --
--- * Rate limits (pgqueue_rate_limits: scope 'queue' or 'job_type'): at most max_jobs jobs
---   of a queue or job type claimed in any window of period_seconds. Each limit's claims
---   are logged in pgqueue_rate_starts (one row per claim and limit, with a count), and
+-- * Rate limits (pgqueue_rate_limits: scope 'queue', 'job_type', or 'key' for each key of
+--   a job type): at most max_jobs jobs of a queue, job type or key claimed in any window
+--   of period_seconds. Each limit's claims are logged in pgqueue_rate_starts (one row per
+--   claim and limit, with a count; a key's row is named job_type, newline, key), and
 --   counted under the limit's advisory lock, over the window that ends at the moment of
 --   the decision (clock_timestamp() once the locks are held). Claimed jobs record that
 --   same moment as claimed_at (and started_at with p_start): read back, the jobs of a
@@ -12,7 +13,8 @@
 --   rate limit must not record a moment before it decided.)
 -- * A job over a rate limit is not claimed: it stays pending, its attempts untouched, and
 --   is claimed by the first claim after the window has room. Full limits are left out of
---   the walk.
+--   the walk; so are keys at their rate, found among the recent starts of every key
+--   (idx_rate_starts_keys), as keys at their concurrency limit are.
 -- * p_free_slots: how many of the batch the caller starts at once (NULL: all of them). A
 --   batch holding rate-limited jobs has at most that many jobs, so that none of them
 --   waits in a worker's prefetch buffer, and started under the limit means started.
@@ -48,6 +50,8 @@ DECLARE
     v_limited boolean;
     v_keyed boolean;
     v_rated boolean;
+    v_rated_keys boolean;
+    v_key_period interval;
     v_kept_rated boolean;
     v_claimed_rated boolean := false;
     v_slots integer := COALESCE(p_free_slots, p_batch_size);
@@ -77,6 +81,12 @@ BEGIN
            EXISTS (SELECT 1 FROM pgqueue_limits WHERE scope = 'key'),
            EXISTS (SELECT 1 FROM pgqueue_rate_limits)
       INTO v_paused, v_limited, v_keyed, v_rated;
+    IF v_rated THEN
+        -- The longest period of the per-key rates: how far back their starts are read.
+        SELECT max(period_seconds) * interval '1 second' INTO v_key_period
+          FROM pgqueue_rate_limits WHERE scope = 'key';
+        v_rated_keys := v_key_period IS NOT NULL;
+    END IF;
     -- A key is named job_type, newline, concurrency_key: job types have no newline.
 
     -- Without limits, one walk claims the batch. With limits, at most three: a walk
@@ -85,6 +95,7 @@ BEGIN
     FOR pass IN 1..3 LOOP
         v_full_queues := NULL;
         v_full_types := NULL;
+        v_full_keys := NULL;
         IF v_limited THEN
             SELECT array_agg(l.name) FILTER (WHERE l.scope = 'queue'),
                    array_agg(l.name) FILTER (WHERE l.scope = 'job_type')
@@ -108,17 +119,33 @@ BEGIN
               ) AS full_key;
         END IF;
         IF v_rated THEN
-            -- Rate limits without room now, or every one when no slot is free.
+            -- Rate limits without room now, or every one when no slot is free (a per-key
+            -- rate then leaves out its whole job type).
             SELECT v_full_queues || array_agg(r.name) FILTER (WHERE r.scope = 'queue'),
-                   v_full_types || array_agg(r.name) FILTER (WHERE r.scope = 'job_type')
+                   v_full_types || array_agg(r.name) FILTER (WHERE r.scope <> 'queue')
               INTO v_full_queues, v_full_types
               FROM pgqueue_rate_limits AS r
              WHERE v_slots <= 0
-                OR r.max_jobs <= (
+                OR r.scope <> 'key' AND r.max_jobs <= (
                     SELECT COALESCE(sum(s.jobs), 0)
                       FROM pgqueue_rate_starts AS s
                      WHERE s.scope = r.scope AND s.name = r.name
                        AND s.started_at > clock_timestamp() - r.period_seconds * interval '1 second');
+            IF v_rated_keys AND v_slots > 0 THEN
+                -- Keys at their rate, from the recent starts of every key (idx_rate_starts_keys).
+                SELECT v_full_keys || array_agg(full_key.name) INTO v_full_keys
+                  FROM (
+                    SELECT s.name
+                      FROM pgqueue_rate_starts AS s
+                      JOIN pgqueue_rate_limits AS r
+                        ON r.scope = 'key' AND r.name = split_part(s.name, E'\n', 1)
+                     WHERE s.scope = 'key'
+                       AND s.started_at > clock_timestamp() - v_key_period
+                       AND s.started_at > clock_timestamp() - r.period_seconds * interval '1 second'
+                     GROUP BY s.name, r.max_jobs
+                    HAVING sum(s.jobs) >= r.max_jobs
+                  ) AS full_key;
+            END IF;
         END IF;
 
         SELECT array_agg(due.id) INTO v_candidates
@@ -157,11 +184,14 @@ BEGIN
                    AND CASE l.scope WHEN 'queue' THEN j.queue ELSE j.job_type END = l.name
                  WHERE l.scope <> 'key' OR j.concurrency_key IS NOT NULL
                 UNION
-                SELECT 'pgqueue_rate:' || r.scope || ':' || r.name
+                SELECT 'pgqueue_rate:' || r.scope || ':'
+                       || CASE r.scope WHEN 'key' THEN j.job_type || E'\n' || j.concurrency_key
+                                       ELSE r.name END
                   FROM pgqueue_rate_limits AS r
                   JOIN pgqueue_jobs AS j
                     ON j.id = ANY (v_candidates)
                    AND CASE r.scope WHEN 'queue' THEN j.queue ELSE j.job_type END = r.name
+                 WHERE r.scope <> 'key' OR j.concurrency_key IS NOT NULL
                  ORDER BY 1
             LOOP
                 IF pass = 1 THEN
@@ -182,7 +212,8 @@ BEGIN
               INTO v_keep, v_kept_rated
               FROM (
                 SELECT ranked.id, ranked.priority, ranked.run_at, ranked.created_at,
-                       qr.name IS NOT NULL OR tr.name IS NOT NULL AS rated
+                       qr.name IS NOT NULL OR tr.name IS NOT NULL OR kr.name IS NOT NULL
+                           AS rated
                   FROM (
                     SELECT c.id, c.queue, c.job_type, c.priority, c.run_at, c.created_at,
                            row_number() OVER (PARTITION BY c.queue
@@ -205,6 +236,9 @@ BEGIN
                          ON qr.scope = 'queue' AND qr.name = ranked.queue
                   LEFT JOIN pgqueue_rate_limits AS tr
                          ON tr.scope = 'job_type' AND tr.name = ranked.job_type
+                  LEFT JOIN pgqueue_rate_limits AS kr
+                         ON kr.scope = 'key' AND kr.name = ranked.job_type
+                        AND ranked.concurrency_key IS NOT NULL
                  WHERE (ql.name IS NULL OR ranked.queue_rank <= ql.max_running - (
                             SELECT count(*) FROM pgqueue_jobs AS j
                              WHERE j.status IN ('claimed', 'running') AND j.queue = ranked.queue))
@@ -225,6 +259,11 @@ BEGIN
                             SELECT COALESCE(sum(s.jobs), 0) FROM pgqueue_rate_starts AS s
                              WHERE s.scope = 'job_type' AND s.name = ranked.job_type
                                AND s.started_at > v_now - tr.period_seconds * interval '1 second'))
+                   AND (kr.name IS NULL OR ranked.key_rank <= kr.max_jobs - (
+                            SELECT COALESCE(sum(s.jobs), 0) FROM pgqueue_rate_starts AS s
+                             WHERE s.scope = 'key'
+                               AND s.name = ranked.job_type || E'\n' || ranked.concurrency_key
+                               AND s.started_at > v_now - kr.period_seconds * interval '1 second'))
               ) AS kept;
 
             -- A batch with rate-limited jobs fits the free slots: keep its first jobs.
@@ -234,6 +273,7 @@ BEGIN
                     SELECT 1 FROM pgqueue_jobs AS j
                       JOIN pgqueue_rate_limits AS r
                         ON CASE r.scope WHEN 'queue' THEN j.queue ELSE j.job_type END = r.name
+                       AND (r.scope <> 'key' OR j.concurrency_key IS NOT NULL)
                      WHERE j.id = ANY (v_keep));
             END IF;
         ELSE
@@ -255,12 +295,16 @@ BEGIN
         -- The claims of each rate limit, counted in its window from now on.
         IF v_kept_rated THEN
             INSERT INTO pgqueue_rate_starts AS s (scope, name, started_at, jobs)
-            SELECT r.scope, r.name, v_now, count(*)
+            SELECT r.scope,
+                   CASE r.scope WHEN 'key' THEN j.job_type || E'\n' || j.concurrency_key
+                                ELSE r.name END,
+                   v_now, count(*)
               FROM pgqueue_jobs AS j
               JOIN pgqueue_rate_limits AS r
                 ON CASE r.scope WHEN 'queue' THEN j.queue ELSE j.job_type END = r.name
+               AND (r.scope <> 'key' OR j.concurrency_key IS NOT NULL)
              WHERE j.id = ANY (v_keep)
-             GROUP BY r.scope, r.name
+             GROUP BY 1, 2
             ON CONFLICT (scope, name, started_at) DO UPDATE SET jobs = s.jobs + EXCLUDED.jobs;
             v_claimed_rated := true;
         END IF;

@@ -17,15 +17,31 @@ CREATE FUNCTION pgqueue_rate_limit_wait(p_job_types text[], p_queues text[])
 RETURNS double precision
 LANGUAGE sql STABLE AS $$
     SELECT min(greatest(extract(epoch FROM
-               window_.oldest + r.period_seconds * interval '1 second' - clock_timestamp()), 0))
-      FROM pgqueue_rate_limits AS r
-     CROSS JOIN LATERAL (
-        SELECT min(s.started_at) AS oldest, sum(s.jobs) AS jobs
-          FROM pgqueue_rate_starts AS s
-         WHERE s.scope = r.scope AND s.name = r.name
+               full_window.oldest + full_window.period - clock_timestamp()), 0))
+      FROM (
+        -- Queues and job types: one window each.
+        SELECT window_.oldest, r.period_seconds * interval '1 second' AS period
+          FROM pgqueue_rate_limits AS r
+         CROSS JOIN LATERAL (
+            SELECT min(s.started_at) AS oldest, sum(s.jobs) AS jobs
+              FROM pgqueue_rate_starts AS s
+             WHERE s.scope = r.scope AND s.name = r.name
+               AND s.started_at > now() - r.period_seconds * interval '1 second'
+         ) AS window_
+         WHERE r.scope <> 'key'
+           AND window_.jobs >= r.max_jobs
+           AND CASE r.scope WHEN 'queue' THEN p_queues IS NULL OR r.name = ANY (p_queues)
+                            ELSE p_job_types IS NULL OR r.name = ANY (p_job_types) END
+        UNION ALL
+        -- Per-key rates: a window for each key (its rows are named job_type, newline, key).
+        SELECT min(s.started_at), r.period_seconds * interval '1 second'
+          FROM pgqueue_rate_limits AS r
+          JOIN pgqueue_rate_starts AS s
+            ON s.scope = 'key' AND split_part(s.name, E'\n', 1) = r.name
            AND s.started_at > now() - r.period_seconds * interval '1 second'
-     ) AS window_
-     WHERE window_.jobs >= r.max_jobs
-       AND CASE r.scope WHEN 'queue' THEN p_queues IS NULL OR r.name = ANY (p_queues)
-                        ELSE p_job_types IS NULL OR r.name = ANY (p_job_types) END
+         WHERE r.scope = 'key'
+           AND (p_job_types IS NULL OR r.name = ANY (p_job_types))
+         GROUP BY s.name, r.period_seconds, r.max_jobs
+        HAVING sum(s.jobs) >= r.max_jobs
+      ) AS full_window
 $$;

@@ -29,6 +29,7 @@ SELECT EXISTS (
       FROM pgqueue_jobs AS j
       JOIN pgqueue_rate_limits AS r
         ON CASE r.scope WHEN 'queue' THEN j.queue ELSE j.job_type END = r.name
+       AND (r.scope <> 'key' OR j.concurrency_key IS NOT NULL)
      WHERE j.status = {_PENDING} AND NOT j.held AND j.{DUE}
        AND (%(job_types)s::text[] IS NULL OR j.job_type = ANY (%(job_types)s))
        AND (%(queues)s::text[] IS NULL OR j.queue = ANY (%(queues)s))

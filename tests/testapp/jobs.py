@@ -148,3 +148,6 @@ def echo(job):
 # limits register it (and worker processes they start, through the environment).
 if os.environ.get("PGQUEUE_TEST_KEYED_JOBS"):
     from . import keyed_jobs  # noqa: F401
+# The same for a job type with a per-key rate.
+if os.environ.get("PGQUEUE_TEST_RATED_JOBS"):
+    from . import rated_jobs  # noqa: F401
