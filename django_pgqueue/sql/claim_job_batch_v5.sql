@@ -53,6 +53,7 @@ DECLARE
     v_rated_keys boolean;
     v_key_period interval;
     v_kept_rated boolean;
+    v_excess uuid[];
     v_claimed_rated boolean := false;
     v_slots integer := COALESCE(p_free_slots, p_batch_size);
     v_wanted integer := p_batch_size;
@@ -168,6 +169,30 @@ BEGIN
              FOR UPDATE SKIP LOCKED
           ) AS due;
         EXIT WHEN v_candidates IS NULL;
+
+        IF v_rated THEN
+            -- A batch with rate-limited jobs is no larger than the free slots: the
+            -- rate-limited candidates beyond them, in claim order, are left for a later
+            -- claim before any lock is taken, or every key of a backlog under per-key
+            -- rates would be locked and ranked to claim a few jobs.
+            SELECT array_agg(rated.id) INTO v_excess
+              FROM (
+                SELECT j.id,
+                       row_number() OVER (ORDER BY j.priority DESC, j.run_at, j.created_at) AS n
+                  FROM pgqueue_jobs AS j
+                 WHERE j.id = ANY (v_candidates)
+                   AND EXISTS (
+                        SELECT 1 FROM pgqueue_rate_limits AS r
+                         WHERE CASE r.scope WHEN 'queue' THEN j.queue ELSE j.job_type END = r.name
+                           AND (r.scope <> 'key' OR j.concurrency_key IS NOT NULL))
+              ) AS rated
+             WHERE rated.n > greatest(v_slots, 0);
+            IF v_excess IS NOT NULL THEN
+                v_passed_over := COALESCE(v_passed_over, '{}') || v_excess;
+                v_candidates := ARRAY(SELECT unnest(v_candidates) EXCEPT SELECT unnest(v_excess));
+                CONTINUE WHEN cardinality(v_candidates) = 0;
+            END IF;
+        END IF;
 
         v_keep := v_candidates;
         v_kept_rated := false;
