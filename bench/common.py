@@ -290,7 +290,7 @@ def harness_parser(description: str, extra: Sequence[str] = ()) -> argparse.Argu
     p = sub.add_parser("drain", help="enqueue (untimed), then time workers draining the queue")
     p.add_argument("--jobs", type=int, required=True)
     p.add_argument("--layout", default="1x4", help="PROCESSESxSLOTS")
-    p.add_argument("--kind", choices=["noop", "cpu_flaky", "keyed"], default="noop")
+    p.add_argument("--kind", choices=["noop", "cpu_flaky", "keyed", "rated_keys"], default="noop")
     p.add_argument(
         "--keep",
         action="store_true",

@@ -179,6 +179,7 @@ def targets(results: Results, ours: str = "pgqueue") -> list[Target]:
     w5 = results.find(ours, "W5", variant)
     slowdown = _ratio(w3, w5.median if w5 else None)
     w9 = results.find(ours, "W9", variant)
+    w11 = results.find(ours, "W11", variant)
     w10 = results.find(ours, "W10", W10_LAYOUT)
     w10_peak = results.find(ours, "W10-peak", W10_LAYOUT)
     limit = results.meta.get("w10_rate")
@@ -223,6 +224,13 @@ def targets(results: Results, ours: str = "pgqueue") -> list[Target]:
         Target(
             "W9 one job per key at once, vs W3",
             _ratio(w9.median if w9 else None, w3),
+            0.5,
+            unit="x",
+            detail=f"layout {variant or '-'}",
+        ),
+        Target(
+            "W11 1,000 per-key rates at once, vs W3",
+            _ratio(w11.median if w11 else None, w3),
             0.5,
             unit="x",
             detail=f"layout {variant or '-'}",
@@ -355,8 +363,9 @@ def markdown(results: Results) -> str:
         "## Draining (4 worker slots in total)",
         "",
         "| System | Slots | W3 drain (jobs/s) | W5 after finished rows (jobs/s) | W5 slowdown "
-        "| W6 mixed (jobs/s) | W9 one per key (jobs/s) | W9 / W3 |",
-        "|---|---|---|---|---|---|---|---|",
+        "| W6 mixed (jobs/s) | W9 one per key (jobs/s) | W9 / W3 | W11 10/s per key (jobs/s) "
+        "| W11 / W3 |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for system in results.systems:
         if system.status != "ok" or system.name == "reference":
@@ -373,6 +382,8 @@ def markdown(results: Results) -> str:
                 _cell(results, system.name, "W6", variant, "jobs/s"),
                 _cell(results, system.name, "W9", variant, "jobs/s"),
                 _ratio_cell(results, system.name, ("W9", "W3"), variant),
+                _cell(results, system.name, "W11", variant, "jobs/s"),
+                _ratio_cell(results, system.name, ("W11", "W3"), variant),
             ]
             out.append(f"| {_system_label(results, system.name)} | " + " | ".join(cells) + " |")
     limit = meta.get("w10_rate")

@@ -86,9 +86,11 @@ class Sizes:
     #: number in every run (flagged in the report). None: always the nominal size.
     budget: float | None
     #: Drains run in every layout of a system; the others in its first layout only.
-    every_layout: tuple[str, ...] = ("W3", "W5", "W6", "W9")
+    every_layout: tuple[str, ...] = ("W3", "W5", "W6", "W9", "W11")
     #: W9: jobs over ``W9_KEYS`` keys, each key limited to one job at a time.
     w9: int = 20_000
+    #: W11: jobs over ``W9_KEYS`` keys, each key under a rate of 10 jobs a second.
+    w11: int = 20_000
     #: W10: a rate limit of ``w10_rate`` jobs a second, measured over ``w10_seconds``.
     w10_rate: int = 100
     w10_seconds: float = 60.0
@@ -97,12 +99,15 @@ class Sizes:
         return (
             f"W1 {self.w1:,} jobs, W2 {self.w2:,}, W3 {self.w3:,}, W4 {self.w4} samples, "
             f"W5 {self.w5_rows:,} finished rows, W6 {self.w6:,}, W9 {self.w9:,} over "
-            f"{W9_KEYS:,} keys, W10 {self.w10_rate}/s for {self.w10_seconds:g} s"
+            f"{W9_KEYS:,} keys, W10 {self.w10_rate}/s for {self.w10_seconds:g} s, W11 "
+            f"{self.w11:,} over {W9_KEYS:,} keys at 10/s each"
         )
 
 
 FULL = Sizes(10_000, 50_000, 20_000, 200, 1_000_000, 3_000, 3, 20.0)
-QUICK = Sizes(2_000, 10_000, 5_000, 50, 100_000, 1_000, 1, None, w9=5_000, w10_seconds=20)
+QUICK = Sizes(
+    2_000, 10_000, 5_000, 50, 100_000, 1_000, 1, None, w9=5_000, w10_seconds=20, w11=5_000
+)
 SMOKE = Sizes(
     100,
     500,
@@ -116,12 +121,13 @@ SMOKE = Sizes(
     w9=200,
     w10_rate=20,
     w10_seconds=2,
+    w11=200,
 )
 
 
 #: Why a peer has no W9 figure: what it offers for "at most one job per key at once".
 NO_PER_KEY_LIMITS = "n/a: no per-key concurrency limit"
-#: Why a peer has no W10 figure.
+#: Why a peer has no W10 or W11 figure.
 NO_RATE_LIMITS = "n/a: no cluster-wide rate limit"
 
 
@@ -173,6 +179,7 @@ SYSTEMS = [
         unsupported={
             "W9": "n/a: not measured yet (its `lock` runs one job per key)",
             "W10": NO_RATE_LIMITS,
+            "W11": NO_RATE_LIMITS,
         },
         notes=(
             "`defer_async` (W1), `batch_defer_async` in chunks of 5,000 (W2), "
@@ -189,6 +196,7 @@ SYSTEMS = [
         unsupported={
             "W9": NO_PER_KEY_LIMITS,
             "W10": "n/a: not measured yet (its entrypoints take `requests_per_second`)",
+            "W11": "n/a: no per-key rate limit",
         },
         notes=(
             "asyncpg driver; finished jobs leave its queue table for `pgqueuer_log`, so W5's "
@@ -206,6 +214,7 @@ SYSTEMS = [
             "W6": "n/a: no retries",
             "W9": NO_PER_KEY_LIMITS,
             "W10": NO_RATE_LIMITS,
+            "W11": NO_RATE_LIMITS,
         },
         notes=(
             "Django 5.2 with the django-tasks backport; no bulk enqueue API (W2 is a loop, one "
@@ -215,7 +224,7 @@ SYSTEMS = [
     ),
 ]
 PEER_EXTRA_LAYOUT = {"2x2": "2 processes x concurrency 2"}
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W9", "W10")
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W9", "W10", "W11")
 ALL_NAMES = [spec.name for spec in SYSTEMS] + ["pgbench"]
 
 
@@ -856,6 +865,7 @@ def baseline_spec(rev: str, venv_dir: Path) -> SystemSpec:
         unsupported={
             "W9": "n/a: compared with W3 of the same run",
             "W10": "n/a: measured against the limit, not the baseline",
+            "W11": "n/a: compared with W3 of the same run",
         },
         harness_path=baseline.harness_path(venv_dir),
     )
@@ -951,6 +961,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 bench.drain("W9", sizes.w9, kind="keyed")
             if "W10" in bench.workloads:
                 bench.rate_limit()
+            if "W11" in bench.workloads:
+                bench.drain("W11", sizes.w11, kind="rated_keys")
         finally:
             if not args.keep_databases:
                 for system in bench.systems:

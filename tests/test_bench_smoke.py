@@ -55,16 +55,17 @@ def test_bench_smoke_run_measures_every_workload(tmp_path: Path) -> None:
     drains = [line for line in report.splitlines() if "threads (`--concurrency" in line]
     assert len(drains) == 2, report  # both ways of spending the slots
     for index, line in enumerate(drains):
-        cells = (cell.strip() for cell in line.strip("|").split("|")[2:8])
-        w3, w5, slowdown, w6, w9, w9_ratio = cells
+        cells = (cell.strip() for cell in line.strip("|").split("|")[2:10])
+        w3, w5, slowdown, w6, w9, w9_ratio, w11, w11_ratio = cells
         assert re.fullmatch(r"[\d,.]+", w3), line
-        if index == 0:  # --smoke runs W5, W6 and W9 in the first layout only
+        if index == 0:  # --smoke runs W5, W6, W9 and W11 in the first layout only
             assert re.fullmatch(r"[\d,.]+", w5) and re.fullmatch(r"[\d,.]+", w6), line
             assert re.fullmatch(r"[\d.]+x", slowdown), line
             assert re.fullmatch(r"[\d,.]+", w9) and re.fullmatch(r"[\d.]+x", w9_ratio), line
+            assert re.fullmatch(r"[\d,.]+", w11) and re.fullmatch(r"[\d.]+x", w11_ratio), line
     # Every target is judged; the ones needing peers or pgbench say n/a.
     verdicts = re.findall(r"^(PASS|MISS|n/a )\s", result.stdout, re.MULTILINE)
-    assert len(verdicts) == 10, result.stdout[-2000:]
+    assert len(verdicts) == 11, result.stdout[-2000:]
     # W10: the rate limit kept, never exceeded in any second.
     assert re.search(r"^PASS  W10 most starts in any second", result.stdout, re.M), result.stdout
     lines = report.splitlines()

@@ -35,3 +35,5 @@ if os.environ.get("BENCH_KEYED_JOBS"):
 # The same for W10's rate-limited job type (the variable holds its rate, jobs a second).
 if os.environ.get("BENCH_RATED_JOBS"):
     from . import rated_jobs  # noqa: F401
+if os.environ.get("BENCH_RATED_KEYS"):
+    from . import rated_keys_jobs  # noqa: F401

@@ -66,6 +66,16 @@ def _declare_keyed_jobs() -> None:
     sync_declared_limits()
 
 
+def _declare_rated_keys() -> None:
+    """Register ``bench.rated_keys`` (W11) here and in the workers this process starts,
+    and write its per-key rate first, as a worker starting would."""
+    os.environ["BENCH_RATED_KEYS"] = "1"
+    import bench.benchapp.rated_keys_jobs  # noqa: F401  (registers bench.rated_keys)
+    from django_pgqueue.rate_limits import sync_declared_rate_limits
+
+    sync_declared_rate_limits()
+
+
 def setup(args: Any) -> dict[str, Any]:
     from django.core.management import call_command
 
@@ -184,8 +194,16 @@ def drain(args: Any) -> dict[str, Any]:
         _execute(f"VACUUM {TABLE}")  # see --keep
     if args.kind == "keyed":
         _declare_keyed_jobs()
-    job_type = {"noop": "bench.noop", "cpu_flaky": "bench.cpu_flaky", "keyed": "bench.keyed"}
-    keys = common.W9_KEYS if args.kind == "keyed" else 0
+    if args.kind == "rated_keys":
+        _declare_rated_keys()
+        _execute("TRUNCATE pgqueue_rate_starts")
+    job_type = {
+        "noop": "bench.noop",
+        "cpu_flaky": "bench.cpu_flaky",
+        "keyed": "bench.keyed",
+        "rated_keys": "bench.rated_keys",
+    }
+    keys = common.W9_KEYS if args.kind in ("keyed", "rated_keys") else 0
     enqueue_in_chunks(job_type[args.kind], args.jobs, 5000, keys=keys)
     _execute(f"ANALYZE {TABLE}")  # statistics as autovacuum would leave them
     before = _completed()
