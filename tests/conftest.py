@@ -7,6 +7,7 @@ one module needs lives in that module.
 - ``make_job``: insert a job row in any state, as a worker would have left it.
 - ``pgqueue_settings``: override some ``PGQUEUE`` keys for one test.
 - ``clean_registry``: unregister the job types a test registers.
+- ``staff``: the test client, logged in as staff with some of the app's permissions.
 - ``other_connection``: a second, independent connection to the test database, to see
   what other sessions see (only committed data).
 """
@@ -19,6 +20,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from django.contrib.auth.models import Permission
 from django.db import connection
 from django.utils import timezone
 
@@ -68,6 +70,24 @@ def pgqueue_settings(settings: Any) -> Callable[..., None]:
         settings.PGQUEUE = {**settings.PGQUEUE, **values}
 
     return override
+
+
+@pytest.fixture
+def staff(client: Any, django_user_model: Any, db: None) -> Callable[..., Any]:
+    """Log the test client in as a staff user with the given permissions of the app:
+    ``client = staff("view_ratelimit", "change_ratelimit")``."""
+
+    def log_in(*codenames: str) -> Any:
+        user = django_user_model.objects.create_user(username="ops", password="pw", is_staff=True)
+        user.user_permissions.add(
+            *Permission.objects.filter(
+                content_type__app_label="django_pgqueue", codename__in=codenames
+            )
+        )
+        client.force_login(user)
+        return client
+
+    return log_in
 
 
 @pytest.fixture

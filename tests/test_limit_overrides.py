@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission
 from django.core.management import call_command
 from django.db import connection
 from django.urls import reverse
@@ -133,21 +132,6 @@ def test_migrating_back_keeps_the_limit_enforced_and_forward_again_declares_it(
 
 
 # -- The admin ---------------------------------------------------------------------------
-
-
-@pytest.fixture
-def staff(client, django_user_model):
-    def log_in(*codenames: str) -> Any:
-        user = django_user_model.objects.create_user(username="ops", password="pw", is_staff=True)
-        user.user_permissions.add(
-            *Permission.objects.filter(
-                content_type__app_label="django_pgqueue", codename__in=codenames
-            )
-        )
-        client.force_login(user)
-        return client
-
-    return log_in
 
 
 def change_url(limit: ConcurrencyLimit) -> str:

@@ -13,7 +13,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission
 from django.core.checks import run_checks
 from django.db import connection
 from django.urls import reverse
@@ -551,21 +550,6 @@ def test_worker_processes_keep_a_rate_in_every_window_and_use_it_fully():
 
 
 # -- The admin ----------------------------------------------------------------------------
-
-
-@pytest.fixture
-def staff(client, django_user_model, db):
-    def log_in(*codenames: str) -> Any:
-        user = django_user_model.objects.create_user(username="ops", password="pw", is_staff=True)
-        user.user_permissions.add(
-            *Permission.objects.filter(
-                content_type__app_label="django_pgqueue", codename__in=codenames
-            )
-        )
-        client.force_login(user)
-        return client
-
-    return log_in
 
 
 CHANGELIST = "admin:django_pgqueue_ratelimit_changelist"

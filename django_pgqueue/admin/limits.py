@@ -79,6 +79,20 @@ class DeclaredLimitAdmin(LimitModelAdmin):
             self.delete_model(request, limit)
 
 
+def check_new_limit_name(form: forms.ModelForm[Any], cleaned: dict[str, Any]) -> None:
+    """On a form adding a limit (concurrency or rate): the name must be a valid queue name
+    or job type, as its scope says; the error goes to the form's ``name``."""
+    instance = form.instance
+    scope = cleaned.get("scope", getattr(instance, "scope", None))
+    name = cleaned.get("name", getattr(instance, "name", None))
+    if instance.pk is None and scope and name:
+        check = validation.queue if scope == LimitScope.QUEUE else validation.job_type
+        try:
+            check(name, "name")
+        except InvalidArgumentError as exc:
+            form.add_error("name", exc.message)
+
+
 class ConcurrencyLimitForm(LimitForm):
     """The override, required where nothing is declared (delete the limit instead)."""
 
@@ -88,16 +102,8 @@ class ConcurrencyLimitForm(LimitForm):
 
     def clean(self) -> dict[str, Any]:
         cleaned: dict[str, Any] = super().clean() or {}
-        instance = self.instance
-        scope = cleaned.get("scope", instance.scope)
-        name = cleaned.get("name", instance.name)
-        if instance.pk is None and scope and name:
-            check = validation.queue if scope == LimitScope.QUEUE else validation.job_type
-            try:
-                check(name, "name")
-            except InvalidArgumentError as exc:
-                self.add_error("name", exc.message)
-        if cleaned.get("override") is None and instance.declared is None:
+        check_new_limit_name(self, cleaned)
+        if cleaned.get("override") is None and self.instance.declared is None:
             self.add_error(
                 "override",
                 gettext_lazy(

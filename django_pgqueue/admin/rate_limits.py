@@ -20,12 +20,11 @@ from django.http import HttpRequest
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from .. import validation
 from ..exceptions import InvalidArgumentError
-from ..models import RateLimit, RateLimitScope
+from ..models import RateLimit
 from ..rate_limits import override_rate_limit, room_in_sql, started_in_window_sql
 from ..rates import Rate, parse_rate
-from .limits import DeclaredLimitAdmin
+from .limits import DeclaredLimitAdmin, check_new_limit_name
 
 if TYPE_CHECKING:
     RateLimitForm = forms.ModelForm[RateLimit]
@@ -63,15 +62,8 @@ class RateLimitAdminForm(RateLimitForm):
 
     def clean(self) -> dict[str, Any]:
         cleaned: dict[str, Any] = super().clean() or {}
+        check_new_limit_name(self, cleaned)
         instance = self.instance
-        scope = cleaned.get("scope", instance.scope)
-        name = cleaned.get("name", instance.name)
-        if instance.pk is None and scope and name:
-            check = validation.queue if scope == RateLimitScope.QUEUE else validation.job_type
-            try:
-                check(name, "name")
-            except InvalidArgumentError as exc:
-                self.add_error("name", exc.message)
         text = (cleaned.get("override") or "").strip()
         rate = None
         if text:
