@@ -840,3 +840,13 @@ def test_staff_give_each_key_of_a_job_type_a_rate_in_the_admin(staff, per_tenant
         ("key", TENANT_RATE, Rate(9, 60))
     ]
     assert ">Each key of a job type</a>" in page
+
+
+def test_a_worker_whose_rate_limits_are_gone_waits_its_poll_not_a_past_room_time():
+    worker = Worker(concurrency=2, poll_interval=5)
+    worker._rate_room_at = time.monotonic() - 10  # from a claim while a limit existed
+
+    worker.rate_limited = True
+    assert worker._wait_timeout() == 0.0  # room came: claim at once
+    worker.rate_limited = False  # the heartbeat saw the last rate limit go
+    assert worker._wait_timeout() == 5

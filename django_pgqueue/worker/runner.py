@@ -410,7 +410,9 @@ class Worker:
             recheck_at = self._listener.last_notified + NOTIFY_COALESCE_SECONDS
             if self._last_claim_at < recheck_at:
                 timeout = min(timeout, max(recheck_at - now, 0.0))
-        if self._rate_room_at is not None and self._free_slots() > 0:
+        # Only while rate limits exist: the time is refreshed by claims that ask for it,
+        # and one left from before the last limit went would be past, a wait of 0: a spin.
+        if self.rate_limited and self._rate_room_at is not None and self._free_slots() > 0:
             timeout = min(timeout, max(self._rate_room_at - now, 0.0))
         return timeout
 
@@ -421,7 +423,7 @@ class Worker:
     def _waiting_for_rate_limits(self) -> bool:
         """Whether due jobs of this worker are only waiting for a rate limit's window: a
         burst run waits for them (it ends when no due job is left)."""
-        if self._rate_room_at is None:
+        if not self.rate_limited or self._rate_room_at is None:
             return False
         row = self._db().execute(
             queries.RATE_LIMITED_DUE, {"job_types": self.job_types, "queues": self.queues}
