@@ -125,10 +125,6 @@ class RateLimitState:
     room now, and for a per-key rate."""
 
 
-def _rate(jobs: int | None, seconds: int | None) -> Rate | None:
-    return None if jobs is None or seconds is None else Rate(jobs, seconds)
-
-
 def declared_rate_limits() -> dict[RateLimitKey, Rate]:
     """The rate limits this process's settings and ``@job`` registrations declare.
 
@@ -166,8 +162,8 @@ def rate_limit_states(using: str | None = None) -> list[RateLimitState]:
         RateLimitState(
             scope=scope,
             name=name,
-            declared=_rate(declared_jobs, declared_seconds),
-            override=_rate(override_jobs, override_seconds),
+            declared=Rate.from_columns(declared_jobs, declared_seconds),
+            override=Rate.from_columns(override_jobs, override_seconds),
             rate=Rate(max_jobs, period_seconds),
             started_in_window=int(started),
             room_in=None if room_in is None else float(room_in),

@@ -46,6 +46,11 @@ class Rate(NamedTuple):
     seconds: int
     """The window's length in seconds."""
 
+    @classmethod
+    def from_columns(cls, jobs: int | None, seconds: int | None) -> Rate | None:
+        """The rate stored as a pair of columns (jobs, seconds), or ``None`` when unset."""
+        return None if jobs is None or seconds is None else cls(jobs, seconds)
+
     def __str__(self) -> str:
         for unit, seconds in (("d", 86_400), ("h", 3600), ("m", 60), ("s", 1)):
             if self.seconds == seconds:

@@ -35,7 +35,8 @@ _TABLE = RateLimit._meta.db_table
 
 
 def _rate(jobs: int | None, seconds: int | None) -> str:
-    return "-" if jobs is None or seconds is None else str(Rate(jobs, seconds))
+    rate = Rate.from_columns(jobs, seconds)
+    return "-" if rate is None else str(rate)
 
 
 class RateLimitAdminForm(RateLimitForm):
