@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from django.core.checks import run_checks
-from django.db import connection
+from django.db import DataError, connection
 from django.urls import reverse
 from django.utils import timezone
 
@@ -35,6 +35,7 @@ from django_pgqueue.rate_limits import (
 )
 from django_pgqueue.rates import Rate, parse_rate
 from django_pgqueue.worker import Worker
+from django_pgqueue.worker.runner import RATED_START_WITHIN
 from tests.testapp import rated_jobs
 from tests.workers import WorkerProcess, wait_for, worker_thread
 
@@ -219,13 +220,19 @@ def test_a_bad_override_is_refused_and_nothing_is_written(scope, name, rate, fie
 # -- The claim keeps them -----------------------------------------------------------------
 
 
-def claim(batch_size: int = 10, free_slots: int | None = None, conn: Any = None) -> list[Any]:
+def claim(
+    batch_size: int = 10,
+    free_slots: int | None = None,
+    conn: Any = None,
+    start_within: float | None = None,
+) -> list[Any]:
     """Call ``claim_job_batch`` as a worker does (``p_start``); return the ids claimed."""
-    sql = "SELECT id FROM claim_job_batch('w', NULL, %s, NULL, true, %s)"
+    sql = "SELECT id FROM claim_job_batch('w', NULL, %s, NULL, true, %s, %s)"
+    params = [batch_size, free_slots, start_within]
     if conn is not None:
-        return [row[0] for row in conn.execute(sql, [batch_size, free_slots]).fetchall()]
+        return [row[0] for row in conn.execute(sql, params).fetchall()]
     with connection.cursor() as cursor:
-        cursor.execute(sql, [batch_size, free_slots])
+        cursor.execute(sql, params)
         return [row[0] for row in cursor.fetchall()]
 
 
@@ -322,6 +329,58 @@ def test_jobs_without_a_rate_fill_the_batch_past_the_free_slots():
     records(10)
 
     assert len(claim(batch_size=10, free_slots=2)) == 10
+
+
+@pytest.mark.django_db
+def test_a_prefetching_claim_counts_rated_jobs_as_started_when_they_must_start():
+    rate("job_type", "tests.record", "100/m")
+    limited = records(6)
+    other = enqueue("tests.noop")
+
+    claimed = Job.objects.filter(pk__in=claim(batch_size=10, free_slots=2, start_within=0.25))
+
+    assert {j.id for j in claimed} == {j.id for j in limited} | {other.id}
+    (start,) = RateLimitStart.objects.all()
+    assert start.jobs == 6
+    for claimed_job in claimed:
+        start_gap = claimed_job.started_at - claimed_job.claimed_at
+        if claimed_job.job_type == "tests.record":  # must start by the moment it is counted at
+            assert claimed_job.started_at == start.started_at
+            assert start_gap == timedelta(seconds=0.25)
+        else:
+            assert start_gap == timedelta(0)
+
+
+@pytest.mark.django_db
+def test_a_claim_that_fits_its_free_slots_counts_its_jobs_at_once():
+    rate("job_type", "tests.record", "100/m")
+    records(6)
+
+    claimed = Job.objects.filter(pk__in=claim(batch_size=3, free_slots=3, start_within=0.25))
+
+    (start,) = RateLimitStart.objects.all()
+    assert {(j.claimed_at, j.started_at) for j in claimed} == {(start.started_at,) * 2}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_counted_later_holds_its_window_until_a_period_after_that():
+    rate("job_type", "tests.record", "2/s")
+    records(4)
+
+    assert len(claim(batch_size=4, free_slots=1, start_within=0.6)) == 2
+    time.sleep(1.2)  # a period after the claim, not after the moment it counted
+    assert claim(batch_size=4, free_slots=4) == []
+    time.sleep(0.6)
+    assert len(claim(batch_size=4, free_slots=4)) == 2
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("start_within", [0, -1, 60.5, float("nan"), float("inf")])
+def test_a_claim_refuses_a_start_within_out_of_range(start_within):
+    records(1)
+
+    with pytest.raises(DataError, match="p_start_within must be NULL or more than 0"):
+        claim(batch_size=2, free_slots=1, start_within=start_within)
 
 
 @pytest.mark.django_db
@@ -467,24 +526,53 @@ def test_concurrent_claimers_never_exceed_a_rate_in_any_window():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_worker_starts_rate_limited_jobs_at_once_and_keeps_their_claimed_start(
+def test_a_worker_starts_rate_limited_jobs_no_later_than_they_were_counted(
     pgqueue_settings,
 ):
     pgqueue_settings(JOB_TYPE_RATE_LIMITS={"tests.record": "4/s"})
+    enqueue_many([{"job_type": "tests.noop"} for _ in range(5)])  # how fast jobs run
     jobs = records(8)
 
     with worker_thread(concurrency=2, prefetch=10, poll_interval=5):
         wait_for(
-            lambda: Job.objects.filter(status=JobStatus.COMPLETED).count() == len(jobs),
+            lambda: Job.objects.filter(status=JobStatus.COMPLETED).count() == len(jobs) + 5,
             timeout=20,
         )
 
-    done = list(Job.objects.all())
-    assert all(j.started_at == j.claimed_at for j in done)
+    done = list(Job.objects.filter(job_type="tests.record"))
+    counted = sorted(start.started_at for start in RateLimitStart.objects.all())
+    longest = timedelta(seconds=RATED_START_WITHIN[1])
+    for done_job in done:  # started after its claim, by the moment its limit counted it at
+        claimed_at, started_at = done_job.claimed_at, done_job.started_at
+        assert claimed_at <= started_at
+        assert any(started_at <= m and claimed_at <= m <= claimed_at + longest for m in counted)
+    assert sum(start.jobs for start in RateLimitStart.objects.all()) == len(jobs)
     assert most_in_any_window([j.started_at for j in done], 1) <= 4
     # It claimed when the window had room, not at its 5 s poll.
     span = max(j.started_at for j in done) - min(j.started_at for j in done)
     assert span < timedelta(seconds=3)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_prefetched_job_not_started_by_its_counted_moment_is_handed_back(
+    pgqueue_settings, caplog
+):
+    pgqueue_settings(QUEUE_RATE_LIMITS={"rated": "100/s"})
+    enqueue_many([{"job_type": "tests.noop"} for _ in range(20)])  # fast: a deep buffer
+
+    with worker_thread(concurrency=1, prefetch=50, poll_interval=0.2):
+        wait_for(lambda: Job.objects.filter(status=JobStatus.COMPLETED).count() == 20)
+        slow = enqueue("tests.record", data={"sleep": 0.8})
+        wait_for(lambda: Job.objects.filter(pk=slow.pk, status=JobStatus.RUNNING).exists())
+        rated = [enqueue("tests.noop", queue="rated") for _ in range(3)]
+        # Prefetched behind the slow job, counted as started ~10 ms after their claim.
+        wait_for(lambda: RateLimitStart.objects.exists())
+        wait_for(lambda: Job.objects.filter(status=JobStatus.COMPLETED).count() == 24, timeout=20)
+
+    assert "handed back" in caplog.text
+    # Counted twice (handed back, then run), their attempt refunded the first time.
+    assert sum(start.jobs for start in RateLimitStart.objects.all()) == 6
+    assert {j.attempts for j in Job.objects.filter(pk__in=[j.pk for j in rated])} == {1}
 
 
 @pytest.mark.django_db(transaction=True)

@@ -104,12 +104,25 @@ class RunningJob:
     duration: float | None = None
     #: Whether it went to the prefetch buffer, every slot being busy when it was claimed.
     buffered: bool = False
+    #: ``time.monotonic()`` by which a slot must start it, or hand it back unstarted: a
+    #: rate limit counted it as started then (the claim's ``p_start_within``).
+    start_by: float | None = None
 
     def recorded_start(self) -> float | None:
         """What ``started_at`` becomes when the outcome is written: when a slot took
-        the job from the prefetch buffer; ``None`` (the claim's time stays) for a job a
-        free slot started at once, as every job under a rate limit is."""
-        return self.started_wall if self.buffered else None
+        the job, if from the prefetch buffer or under a start-by moment; ``None`` (the
+        claim's time stays) for a job a free slot started at once."""
+        return self.started_wall if self.buffered or self.start_by is not None else None
+
+    def too_late_to_start(self) -> bool:
+        """Whether its start-by moment has passed: starting it now could exceed the rate
+        limit that counted it as started by then."""
+        return self.start_by is not None and time.monotonic() > self.start_by
+
+
+def handed_back(running: RunningJob) -> Outcome:
+    """A job given back unstarted: ``pending`` and due at once, its attempt refunded."""
+    return Outcome(running.job.id, PENDING, refund=1)
 
 
 def retry_or_fail(running: RunningJob, error: str, tb: str | None, delay: float | None) -> Outcome:
@@ -225,11 +238,13 @@ def execute(running: RunningJob, alias: str) -> Outcome:
     if running.cancel_event.is_set():
         # Cancelled while it waited in the prefetch buffer: never started.
         return Outcome(job.id, CANCELLED, error="cancelled before it started")
+    if running.too_late_to_start():
+        return handed_back(running)
     _LostConnections.check_since_last_seen()
     job._cancel_event = running.cancel_event
     running.started_wall = time.time()
     running.started_monotonic = time.monotonic()
-    if running.buffered or job.started_at is None:
+    if running.buffered or running.start_by is not None or job.started_at is None:
         job.started_at = datetime.fromtimestamp(running.started_wall, tz=UTC)
     if definition.timeout:
         running.deadline = running.started_monotonic + definition.timeout

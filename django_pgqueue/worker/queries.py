@@ -12,10 +12,13 @@ _HELD = status_in(IN_FLIGHT, "jobs.status")
 
 # Straight into 'running' (p_start): the jobs go to the slots in this transaction, a
 # free slot starting each at once or, prefetched, as soon as one frees up; FINISH then
-# records when a prefetched one actually started. The last parameter is the number of
-# free slots: a batch with jobs under a rate limit is no larger, so none is prefetched.
+# records when a prefetched one actually started. The last two parameters: the number
+# of free slots, and how soon the worker starts every job of the batch (NULL: it does
+# not say, and a batch with jobs under a rate limit is no larger than the free slots).
+# A job under a rate limit comes back with started_at later than claimed_at when it
+# was counted as started at that later moment: it must start by then.
 # Sorted by the server, in the order the slots should start them.
-CLAIM = f"SELECT * FROM claim_job_batch(%s, %s, %s, %s, true, %s) ORDER BY {CLAIM_ORDER}"
+CLAIM = f"SELECT * FROM claim_job_batch(%s, %s, %s, %s, true, %s, %s) ORDER BY {CLAIM_ORDER}"
 
 # After a claim: seconds until a full rate limit of these job types and queues has room
 # (NULL: none is full), so that the worker claims then rather than at its next poll.

@@ -39,6 +39,7 @@ from .execution import (
     PENDING,
     Outcome,
     RunningJob,
+    handed_back,
     interrupt,
     suspect_lost_connections,
     timeout_outcome,
@@ -61,6 +62,14 @@ MAX_PREFETCH = 10000
 PREFETCH_TARGET_WAIT = 0.02
 #: Weight of the newest run in the moving average of run times.
 DURATION_SMOOTHING = 0.1
+#: What handing a job to a slot costs besides its run (a thread's wake-up, the
+#: bookkeeping), in seconds: part of how soon a prefetched job starts.
+HANDOFF_SECONDS = 0.0002
+#: Jobs under a rate limit are prefetched only with a start-by moment between these
+#: many seconds after the claim: twice the expected wait of the batch's last job, at
+#: least the first (a slot's wake-up can lag), at most the second (a longer one would
+#: hold the limits' windows too long; the batch then only fills free slots).
+RATED_START_WITHIN = (0.01, 0.1)
 
 
 def default_worker_id() -> str:
@@ -462,6 +471,7 @@ class Worker:
             return [], 0
         if asked:
             self._last_claim_at = time.monotonic()
+        start_within = self._start_within(asked)
         conn = self._db()
         finish = claim = rate_wait = None
         with conn.pipeline():
@@ -478,7 +488,14 @@ class Worker:
                 claim = psycopg.Cursor(conn)
                 claim.execute(
                     queries.CLAIM,
-                    [self.worker_id, self.job_types, asked, self.queues, self._free_slots()],
+                    [
+                        self.worker_id,
+                        self.job_types,
+                        asked,
+                        self.queues,
+                        self._free_slots(),
+                        start_within,
+                    ],
                     binary=True,
                     prepare=False,
                 )
@@ -500,11 +517,30 @@ class Worker:
             self._outcomes.extend(undecodable)
             self._wake.set()  # record their failures now, not after a poll interval
         assert slots is not None
-        self._start(jobs, slots)
+        self._start(jobs, slots, claimed_at=self._last_claim_at)
         return jobs, asked
 
-    def _start(self, jobs: list[Job], slots: SlotPool) -> None:
+    def _start_within(self, asked: int) -> float | None:
+        """Seconds within which this worker promises to start every job of a claim of
+        ``asked`` jobs, so that jobs under a rate limit may be prefetched too; None
+        (only into free slots) while rate limits are off, the batch fits the free
+        slots, or the buffer is too deep to start them soon."""
+        average = self._average_duration
+        if not self.rate_limited or average is None or asked <= self._free_slots():
+            return None
+        # The batch's last job starts once every job ahead of it has had a slot.
+        ahead = len(self._running) + len(self._abandoned) + asked - self.concurrency
+        expected = max(ahead, 0) * (average + HANDOFF_SECONDS) / self.concurrency
+        shortest, longest = RATED_START_WITHIN
+        within = max(2 * expected, shortest)
+        return within if within <= longest else None
+
+    def _start(self, jobs: list[Job], slots: SlotPool, claimed_at: float) -> None:
+        """Hand ``jobs`` to the slots: free ones start them at once, the rest wait in
+        the prefetch buffer. Jobs with a start-by moment (``claimed_at``, the monotonic
+        time the claim was sent, plus the delay the claim gave them) go first."""
         free = self._free_slots()
+        jobs = sorted(jobs, key=lambda job: not _has_start_by(job))  # stable: claim order
         for job in jobs:
             if job.cancel_requested_at is not None:
                 self._outcomes.append(
@@ -513,7 +549,10 @@ class Worker:
                 continue
             # The slot sets the deadline when it starts the handler (execution.execute).
             running = RunningJob(
-                job=job, definition=registry.find_definition(job.job_type), buffered=free <= 0
+                job=job,
+                definition=registry.find_definition(job.job_type),
+                buffered=free <= 0,
+                start_by=_start_by(job, claimed_at),
             )
             free -= 1
             self._running[job.id] = running
@@ -586,7 +625,7 @@ class Worker:
         period, then release the rest."""
         for running in slots.take_unstarted():
             self._running.pop(running.job.id, None)
-            self._outcomes.append(Outcome(running.job.id, PENDING, refund=1))
+            self._outcomes.append(handed_back(running))
         self._reap()
         deadline = time.monotonic() + self.shutdown_grace
         if self._running:
@@ -716,9 +755,34 @@ def _finish_params(outcomes: list[Outcome], worker_id: str) -> list[Any]:
     ]
 
 
+def _has_start_by(job: Job) -> bool:
+    """Whether the claim counted ``job`` under a rate limit as started later than it
+    claimed it: a slot must start it by then."""
+    return (
+        job.started_at is not None
+        and job.claimed_at is not None
+        and (job.started_at > job.claimed_at)
+    )
+
+
+def _start_by(job: Job, claimed_at: float) -> float | None:
+    """The monotonic moment by which ``job`` must start, from ``claimed_at`` (the
+    monotonic time its claim was sent: before the server's moment, so never late)."""
+    if not _has_start_by(job):
+        return None
+    assert job.started_at is not None and job.claimed_at is not None
+    return claimed_at + (job.started_at - job.claimed_at).total_seconds()
+
+
 def _log_outcome(job: Job, outcome: Outcome) -> None:
     if outcome.status == COMPLETED:
         logger.debug("job %s (%s) completed", job.id, job.job_type)
+    elif outcome.status == PENDING and outcome.refund and not outcome.snoozed:
+        logger.info(
+            "job %s (%s) not started by the moment its rate limit counted it at: handed back",
+            job.id,
+            job.job_type,
+        )
     elif outcome.snoozed:
         logger.info(
             "job %s (%s) snoozed for %.2fs (snooze %d)",

@@ -81,13 +81,22 @@ class JobStateMachine(RuleBasedStateMachine):
             enqueue("tests.noop", max_attempts=max_attempts)
         self.enqueued += count
 
-    @rule(worker=WORKERS, batch=st.integers(1, 5), start=st.booleans())
-    def claim(self, worker: str, batch: int, start: bool) -> None:
-        """Claim as the worker does (straight into running), or as an SQL caller that
-        starts its jobs later (claimed)."""
+    @rule(
+        worker=WORKERS,
+        batch=st.integers(1, 5),
+        start=st.booleans(),
+        free=st.integers(0, 5),
+        start_within=st.sampled_from([None, 0.5, 5.0]),
+    )
+    def claim(
+        self, worker: str, batch: int, start: bool, free: int, start_within: float | None
+    ) -> None:
+        """Claim as the worker does (straight into running, with its free slots and how
+        soon it starts a prefetched job), or as an SQL caller that starts its jobs later
+        (claimed)."""
         with connection.cursor() as cursor:
             if start:
-                cursor.execute(queries.CLAIM, [worker, None, batch, None, batch])
+                cursor.execute(queries.CLAIM, [worker, None, batch, None, free, start_within])
             else:
                 cursor.execute("SELECT * FROM claim_job_batch(%s, NULL, %s)", [worker, batch])
 

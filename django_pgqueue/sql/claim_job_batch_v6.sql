@@ -1,0 +1,367 @@
+-- claim_job_batch, version 6: as version 5, with a new last parameter, p_start_within.
+-- A new signature: the migration drops version 5 first.
+--
+-- * p_start_within (seconds, NULL or more than 0 and at most 60): the caller promises
+--   to start every job of the batch within that long of the claim, or to hand it back
+--   unstarted (pending again, its attempt refunded). With it, and a batch larger than
+--   p_free_slots, rate-limited jobs are no longer held to the free slots: a worker may
+--   take them into its prefetch buffer. Each is counted in its limits' windows as
+--   started at the latest moment it may start (the claim's moment plus p_start_within),
+--   and returned with that started_at: a job then starts at or before the moment it is
+--   counted at, and read back from the moments the jobs started, no window of a limit
+--   holds more than the limit. The cost: a job counted later than it started holds its
+--   window's room that much longer.
+--   Without it (NULL), or when the batch fits the free slots, version 5's rule holds:
+--   a batch with rate-limited jobs is no larger than p_free_slots, and each counts from
+--   the claim's moment.
+--
+-- Everything else is version 5's.
+CREATE FUNCTION claim_job_batch(
+    p_worker_id text,
+    p_job_types text[],
+    p_batch_size integer DEFAULT 10,
+    p_queues text[] DEFAULT NULL,
+    p_start boolean DEFAULT false,
+    p_free_slots integer DEFAULT NULL,
+    p_start_within double precision DEFAULT NULL
+) RETURNS SETOF pgqueue_jobs
+LANGUAGE plpgsql
+SET plan_cache_mode = force_custom_plan
+SET enable_sort = off
+SET jit = off
+AS $$
+DECLARE
+    v_paused text[];
+    v_full_queues text[];
+    v_full_types text[];
+    v_full_keys text[];
+    v_candidates uuid[];
+    v_keep uuid[];
+    v_passed_over uuid[];
+    v_limited boolean;
+    v_keyed boolean;
+    v_rated boolean;
+    v_rated_keys boolean;
+    v_key_period interval;
+    v_kept_rated boolean;
+    v_excess uuid[];
+    v_claimed_rated boolean := false;
+    -- Prefetching rate-limited jobs lifts the free slots' cap on a batch (v_slots) and
+    -- counts those jobs p_start_within later (v_counted_at).
+    v_prefetch boolean := COALESCE(p_start_within IS NOT NULL AND p_batch_size > p_free_slots,
+                                   false);
+    v_slots integer := CASE WHEN v_prefetch THEN p_batch_size
+                            ELSE COALESCE(p_free_slots, p_batch_size) END;
+    v_counted_at timestamptz;
+    v_keep_rated uuid[];
+    v_wanted integer := p_batch_size;
+    v_now timestamptz;
+    v_lock record;
+BEGIN
+    IF p_worker_id IS NULL OR p_worker_id = '' THEN
+        RAISE EXCEPTION 'claim_job_batch: p_worker_id must be a non-empty string'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_batch_size IS NULL OR p_batch_size < 1 OR p_batch_size > 10000 THEN
+        RAISE EXCEPTION 'claim_job_batch: p_batch_size must be between 1 and 10000, got %',
+            p_batch_size
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_free_slots < 0 THEN
+        RAISE EXCEPTION 'claim_job_batch: p_free_slots must be NULL or at least 0, got %',
+            p_free_slots
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_start_within <= 0 OR p_start_within > 60 OR p_start_within = 'NaN' THEN
+        RAISE EXCEPTION 'claim_job_batch: p_start_within must be NULL or more than 0 and '
+                        'at most 60 seconds, got %', p_start_within
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    -- One statement for what every claim reads first: each costs a round into the
+    -- executor, and a claim without limits is little more than these and its walk.
+    SELECT (SELECT array_agg(name) FROM pgqueue_queues WHERE paused_at IS NOT NULL),
+           EXISTS (SELECT 1 FROM pgqueue_limits),
+           EXISTS (SELECT 1 FROM pgqueue_limits WHERE scope = 'key'),
+           EXISTS (SELECT 1 FROM pgqueue_rate_limits)
+      INTO v_paused, v_limited, v_keyed, v_rated;
+    IF v_rated THEN
+        -- The longest period of the per-key rates: how far back their starts are read.
+        SELECT max(period_seconds) * interval '1 second' INTO v_key_period
+          FROM pgqueue_rate_limits WHERE scope = 'key';
+        v_rated_keys := v_key_period IS NOT NULL;
+    END IF;
+    -- A key is named job_type, newline, concurrency_key: job types have no newline.
+
+    -- Without limits, one walk claims the batch. With limits, at most three: a walk
+    -- whose limited candidates did not all fit is followed by another (now skipping the
+    -- limits that filled up) to fill the batch.
+    FOR pass IN 1..3 LOOP
+        v_full_queues := NULL;
+        v_full_types := NULL;
+        v_full_keys := NULL;
+        IF v_limited THEN
+            SELECT array_agg(l.name) FILTER (WHERE l.scope = 'queue'),
+                   array_agg(l.name) FILTER (WHERE l.scope = 'job_type')
+              INTO v_full_queues, v_full_types
+              FROM pgqueue_limits AS l
+             WHERE l.max_running <= (
+                    SELECT count(*)
+                      FROM pgqueue_jobs AS j
+                     WHERE j.status IN ('claimed', 'running')
+                       AND CASE l.scope WHEN 'queue' THEN j.queue ELSE j.job_type END = l.name)
+               AND l.scope IN ('queue', 'job_type');
+
+            SELECT array_agg(full_key.name) INTO v_full_keys
+              FROM (
+                SELECT j.job_type || E'\n' || j.concurrency_key AS name
+                  FROM pgqueue_jobs AS j
+                  JOIN pgqueue_limits AS l ON l.scope = 'key' AND l.name = j.job_type
+                 WHERE j.status IN ('claimed', 'running') AND j.concurrency_key IS NOT NULL
+                 GROUP BY j.job_type, j.concurrency_key, l.max_running
+                HAVING count(*) >= l.max_running
+              ) AS full_key;
+        END IF;
+        IF v_rated THEN
+            -- Rate limits without room now, or every one when no slot is free (a per-key
+            -- rate then leaves out its whole job type).
+            SELECT v_full_queues || array_agg(r.name) FILTER (WHERE r.scope = 'queue'),
+                   v_full_types || array_agg(r.name) FILTER (WHERE r.scope <> 'queue')
+              INTO v_full_queues, v_full_types
+              FROM pgqueue_rate_limits AS r
+             WHERE v_slots <= 0
+                OR r.scope <> 'key' AND r.max_jobs <= (
+                    SELECT COALESCE(sum(s.jobs), 0)
+                      FROM pgqueue_rate_starts AS s
+                     WHERE s.scope = r.scope AND s.name = r.name
+                       AND s.started_at > clock_timestamp() - r.period_seconds * interval '1 second');
+            IF v_rated_keys AND v_slots > 0 THEN
+                -- Keys at their rate, from the recent starts of every key (idx_rate_starts_keys).
+                SELECT v_full_keys || array_agg(full_key.name) INTO v_full_keys
+                  FROM (
+                    SELECT s.name
+                      FROM pgqueue_rate_starts AS s
+                      JOIN pgqueue_rate_limits AS r
+                        ON r.scope = 'key' AND r.name = split_part(s.name, E'\n', 1)
+                     WHERE s.scope = 'key'
+                       AND s.started_at > clock_timestamp() - v_key_period
+                       AND s.started_at > clock_timestamp() - r.period_seconds * interval '1 second'
+                     GROUP BY s.name, r.max_jobs
+                    HAVING sum(s.jobs) >= r.max_jobs
+                  ) AS full_key;
+            END IF;
+        END IF;
+
+        SELECT array_agg(due.id) INTO v_candidates
+          FROM (
+            SELECT id
+              FROM pgqueue_jobs
+             WHERE status = 'pending'
+               AND NOT held
+               AND run_at <= now()
+               AND (p_queues IS NULL OR queue = ANY (p_queues))
+               AND (p_job_types IS NULL OR job_type = ANY (p_job_types))
+               AND (v_paused IS NULL OR queue <> ALL (v_paused))
+               AND (v_full_queues IS NULL OR queue <> ALL (v_full_queues))
+               AND (v_full_types IS NULL OR job_type <> ALL (v_full_types))
+               AND (v_full_keys IS NULL OR concurrency_key IS NULL
+                    OR job_type || E'\n' || concurrency_key <> ALL (v_full_keys))
+               AND (v_passed_over IS NULL OR id <> ALL (v_passed_over))
+             ORDER BY priority DESC, run_at, created_at
+             LIMIT v_wanted
+             FOR UPDATE SKIP LOCKED
+          ) AS due;
+        EXIT WHEN v_candidates IS NULL;
+
+        IF v_rated THEN
+            -- A batch with rate-limited jobs is no larger than the free slots (v_slots:
+            -- the batch size when prefetching): the rate-limited candidates beyond them, in claim order, are left for a later
+            -- claim before any lock is taken, or every key of a backlog under per-key
+            -- rates would be locked and ranked to claim a few jobs.
+            SELECT array_agg(rated.id) INTO v_excess
+              FROM (
+                SELECT j.id,
+                       row_number() OVER (ORDER BY j.priority DESC, j.run_at, j.created_at) AS n
+                  FROM pgqueue_jobs AS j
+                 WHERE j.id = ANY (v_candidates)
+                   AND EXISTS (
+                        SELECT 1 FROM pgqueue_rate_limits AS r
+                         WHERE CASE r.scope WHEN 'queue' THEN j.queue ELSE j.job_type END = r.name
+                           AND (r.scope <> 'key' OR j.concurrency_key IS NOT NULL))
+              ) AS rated
+             WHERE rated.n > greatest(v_slots, 0);
+            IF v_excess IS NOT NULL THEN
+                v_passed_over := COALESCE(v_passed_over, '{}') || v_excess;
+                v_candidates := ARRAY(SELECT unnest(v_candidates) EXCEPT SELECT unnest(v_excess));
+                CONTINUE WHEN cardinality(v_candidates) = 0;
+            END IF;
+        END IF;
+
+        v_keep := v_candidates;
+        v_kept_rated := false;
+        IF v_limited OR v_rated THEN
+            -- Every limit the candidates touch, in one order: concurrency limits
+            -- ('pgqueue_limit:...'), then rate limits ('pgqueue_rate:...').
+            FOR v_lock IN
+                SELECT DISTINCT 'pgqueue_limit:' || l.scope || ':'
+                       || CASE l.scope WHEN 'key' THEN j.job_type || E'\n' || j.concurrency_key
+                                       ELSE l.name END AS name
+                  FROM pgqueue_limits AS l
+                  JOIN pgqueue_jobs AS j
+                    ON j.id = ANY (v_candidates)
+                   AND CASE l.scope WHEN 'queue' THEN j.queue ELSE j.job_type END = l.name
+                 WHERE l.scope <> 'key' OR j.concurrency_key IS NOT NULL
+                UNION
+                SELECT 'pgqueue_rate:' || r.scope || ':'
+                       || CASE r.scope WHEN 'key' THEN j.job_type || E'\n' || j.concurrency_key
+                                       ELSE r.name END
+                  FROM pgqueue_rate_limits AS r
+                  JOIN pgqueue_jobs AS j
+                    ON j.id = ANY (v_candidates)
+                   AND CASE r.scope WHEN 'queue' THEN j.queue ELSE j.job_type END = r.name
+                 WHERE r.scope <> 'key' OR j.concurrency_key IS NOT NULL
+                 ORDER BY 1
+            LOOP
+                IF pass = 1 THEN
+                    PERFORM pg_advisory_xact_lock(hashtextextended(v_lock.name, 0));
+                ELSIF NOT pg_try_advisory_xact_lock(hashtextextended(v_lock.name, 0)) THEN
+                    v_candidates := NULL;  -- another claimer has it: the batch ends here
+                    EXIT;
+                END IF;
+            END LOOP;
+            EXIT WHEN v_candidates IS NULL;
+            v_now := CASE WHEN v_rated THEN clock_timestamp() ELSE now() END;
+            v_counted_at := CASE WHEN v_prefetch
+                                 THEN v_now + p_start_within * interval '1 second'
+                                 ELSE v_now END;
+
+            -- Under the locks: keep candidates, in claim order within each limit, while
+            -- the limit has room. Ranking per queue, job type and key separately can leave
+            -- a little room unused in this pass; it never lets a limit be exceeded.
+            SELECT array_agg(kept.id ORDER BY kept.priority DESC, kept.run_at, kept.created_at),
+                   COALESCE(bool_or(kept.rated), false),
+                   array_agg(kept.id) FILTER (WHERE kept.rated)
+              INTO v_keep, v_kept_rated, v_keep_rated
+              FROM (
+                SELECT ranked.id, ranked.priority, ranked.run_at, ranked.created_at,
+                       qr.name IS NOT NULL OR tr.name IS NOT NULL OR kr.name IS NOT NULL
+                           AS rated
+                  FROM (
+                    SELECT c.id, c.queue, c.job_type, c.priority, c.run_at, c.created_at,
+                           row_number() OVER (PARTITION BY c.queue
+                                              ORDER BY c.priority DESC, c.run_at, c.created_at) AS queue_rank,
+                           row_number() OVER (PARTITION BY c.job_type
+                                              ORDER BY c.priority DESC, c.run_at, c.created_at) AS type_rank,
+                           c.concurrency_key,
+                           row_number() OVER (PARTITION BY c.job_type, c.concurrency_key
+                                              ORDER BY c.priority DESC, c.run_at, c.created_at) AS key_rank
+                      FROM pgqueue_jobs AS c
+                     WHERE c.id = ANY (v_candidates)
+                  ) AS ranked
+                  LEFT JOIN pgqueue_limits AS ql ON ql.scope = 'queue' AND ql.name = ranked.queue
+                  LEFT JOIN pgqueue_limits AS tl
+                         ON tl.scope = 'job_type' AND tl.name = ranked.job_type
+                  LEFT JOIN pgqueue_limits AS kl
+                         ON kl.scope = 'key' AND kl.name = ranked.job_type
+                        AND ranked.concurrency_key IS NOT NULL
+                  LEFT JOIN pgqueue_rate_limits AS qr
+                         ON qr.scope = 'queue' AND qr.name = ranked.queue
+                  LEFT JOIN pgqueue_rate_limits AS tr
+                         ON tr.scope = 'job_type' AND tr.name = ranked.job_type
+                  LEFT JOIN pgqueue_rate_limits AS kr
+                         ON kr.scope = 'key' AND kr.name = ranked.job_type
+                        AND ranked.concurrency_key IS NOT NULL
+                 WHERE (ql.name IS NULL OR ranked.queue_rank <= ql.max_running - (
+                            SELECT count(*) FROM pgqueue_jobs AS j
+                             WHERE j.status IN ('claimed', 'running') AND j.queue = ranked.queue))
+                   AND (tl.name IS NULL OR ranked.type_rank <= tl.max_running - (
+                            SELECT count(*) FROM pgqueue_jobs AS j
+                             WHERE j.status IN ('claimed', 'running')
+                               AND j.job_type = ranked.job_type))
+                   AND (kl.name IS NULL OR ranked.key_rank <= kl.max_running - (
+                            SELECT count(*) FROM pgqueue_jobs AS j
+                             WHERE j.status IN ('claimed', 'running')
+                               AND j.job_type = ranked.job_type
+                               AND j.concurrency_key = ranked.concurrency_key))
+                   AND (qr.name IS NULL OR ranked.queue_rank <= qr.max_jobs - (
+                            SELECT COALESCE(sum(s.jobs), 0) FROM pgqueue_rate_starts AS s
+                             WHERE s.scope = 'queue' AND s.name = ranked.queue
+                               AND s.started_at > v_now - qr.period_seconds * interval '1 second'))
+                   AND (tr.name IS NULL OR ranked.type_rank <= tr.max_jobs - (
+                            SELECT COALESCE(sum(s.jobs), 0) FROM pgqueue_rate_starts AS s
+                             WHERE s.scope = 'job_type' AND s.name = ranked.job_type
+                               AND s.started_at > v_now - tr.period_seconds * interval '1 second'))
+                   AND (kr.name IS NULL OR ranked.key_rank <= kr.max_jobs - (
+                            SELECT COALESCE(sum(s.jobs), 0) FROM pgqueue_rate_starts AS s
+                             WHERE s.scope = 'key'
+                               AND s.name = ranked.job_type || E'\n' || ranked.concurrency_key
+                               AND s.started_at > v_now - kr.period_seconds * interval '1 second'))
+              ) AS kept;
+
+            -- A batch with rate-limited jobs fits the free slots: keep its first jobs.
+            IF (v_kept_rated OR v_claimed_rated) AND cardinality(v_keep) > v_slots THEN
+                v_keep := v_keep[1:greatest(v_slots, 0)];
+                v_kept_rated := EXISTS (
+                    SELECT 1 FROM pgqueue_jobs AS j
+                      JOIN pgqueue_rate_limits AS r
+                        ON CASE r.scope WHEN 'queue' THEN j.queue ELSE j.job_type END = r.name
+                       AND (r.scope <> 'key' OR j.concurrency_key IS NOT NULL)
+                     WHERE j.id = ANY (v_keep));
+            END IF;
+        ELSE
+            v_now := now();
+            v_keep_rated := NULL;
+        END IF;
+
+        RETURN QUERY
+        UPDATE pgqueue_jobs AS jobs
+           SET status = CASE WHEN p_start THEN 'running' ELSE 'claimed' END,
+               worker_id = p_worker_id,
+               claimed_at = v_now,
+               started_at = CASE WHEN NOT p_start THEN jobs.started_at
+                                 WHEN jobs.id = ANY (v_keep_rated) THEN v_counted_at
+                                 ELSE v_now END,
+               heartbeat_at = v_now,
+               attempts = jobs.attempts + 1,
+               worker_ids = jobs.worker_ids || to_jsonb(p_worker_id)
+         WHERE jobs.id = ANY (COALESCE(v_keep, '{}'))
+        RETURNING jobs.*;
+
+        -- The claims of each rate limit, counted in its window from now on.
+        IF v_kept_rated THEN
+            INSERT INTO pgqueue_rate_starts AS s (scope, name, started_at, jobs)
+            SELECT r.scope,
+                   CASE r.scope WHEN 'key' THEN j.job_type || E'\n' || j.concurrency_key
+                                ELSE r.name END,
+                   v_counted_at, count(*)
+              FROM pgqueue_jobs AS j
+              JOIN pgqueue_rate_limits AS r
+                ON CASE r.scope WHEN 'queue' THEN j.queue ELSE j.job_type END = r.name
+               AND (r.scope <> 'key' OR j.concurrency_key IS NOT NULL)
+             WHERE j.id = ANY (v_keep)
+             GROUP BY 1, 2
+            ON CONFLICT (scope, name, started_at) DO UPDATE SET jobs = s.jobs + EXCLUDED.jobs;
+            v_claimed_rated := true;
+        END IF;
+
+        -- The claimed jobs of keys leave room for their keys' held jobs (key_limits_v1.sql).
+        IF v_keyed AND v_keep IS NOT NULL THEN
+            PERFORM pgqueue_release_held_keys(array_agg(claimed.job_type),
+                                              array_agg(claimed.concurrency_key))
+               FROM pgqueue_jobs AS claimed
+              WHERE claimed.id = ANY (v_keep) AND claimed.concurrency_key IS NOT NULL
+             HAVING count(*) > 0;
+        END IF;
+
+        v_wanted := v_wanted - COALESCE(cardinality(v_keep), 0);
+        v_slots := v_slots - COALESCE(cardinality(v_keep), 0);
+        IF v_claimed_rated THEN
+            v_wanted := least(v_wanted, v_slots);
+        END IF;
+        EXIT WHEN v_wanted <= 0
+               OR COALESCE(cardinality(v_keep), 0) = cardinality(v_candidates);
+        v_passed_over := COALESCE(v_passed_over, '{}')
+            || ARRAY(SELECT unnest(v_candidates) EXCEPT SELECT unnest(COALESCE(v_keep, '{}')));
+    END LOOP;
+END;
+$$;
