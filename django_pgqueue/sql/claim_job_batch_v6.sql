@@ -15,6 +15,12 @@
 --   a batch with rate-limited jobs is no larger than p_free_slots, and each counts from
 --   the claim's moment.
 --
+-- * The log of starts is read before the walk against the clock read once per pass, no
+--   longer against clock_timestamp() row by row: volatile, it kept the log's indexes
+--   from bounding the scan, and with a thousand per-key rates each claim read the whole
+--   log (every start of the last period and a minute). And a key's window, under its
+--   lock, is read through the primary key, not the partial index of every key's starts.
+--
 -- Everything else is version 5's.
 CREATE FUNCTION claim_job_batch(
     p_worker_id text,
@@ -53,6 +59,7 @@ DECLARE
     v_slots integer := CASE WHEN v_prefetch THEN p_batch_size
                             ELSE COALESCE(p_free_slots, p_batch_size) END;
     v_counted_at timestamptz;
+    v_clock timestamptz;
     v_keep_rated uuid[];
     v_wanted integer := p_batch_size;
     v_now timestamptz;
@@ -123,6 +130,9 @@ BEGIN
               ) AS full_key;
         END IF;
         IF v_rated THEN
+            -- The clock once, not per row: clock_timestamp() is volatile, and a row
+            -- condition on it cannot bound an index scan of the log.
+            v_clock := clock_timestamp();
             -- Rate limits without room now, or every one when no slot is free (a per-key
             -- rate then leaves out its whole job type).
             SELECT v_full_queues || array_agg(r.name) FILTER (WHERE r.scope = 'queue'),
@@ -134,7 +144,7 @@ BEGIN
                     SELECT COALESCE(sum(s.jobs), 0)
                       FROM pgqueue_rate_starts AS s
                      WHERE s.scope = r.scope AND s.name = r.name
-                       AND s.started_at > clock_timestamp() - r.period_seconds * interval '1 second');
+                       AND s.started_at > v_clock - r.period_seconds * interval '1 second');
             IF v_rated_keys AND v_slots > 0 THEN
                 -- Keys at their rate, from the recent starts of every key (idx_rate_starts_keys).
                 SELECT v_full_keys || array_agg(full_key.name) INTO v_full_keys
@@ -144,8 +154,8 @@ BEGIN
                       JOIN pgqueue_rate_limits AS r
                         ON r.scope = 'key' AND r.name = split_part(s.name, E'\n', 1)
                      WHERE s.scope = 'key'
-                       AND s.started_at > clock_timestamp() - v_key_period
-                       AND s.started_at > clock_timestamp() - r.period_seconds * interval '1 second'
+                       AND s.started_at > v_clock - v_key_period
+                       AND s.started_at > v_clock - r.period_seconds * interval '1 second'
                      GROUP BY s.name, r.max_jobs
                     HAVING sum(s.jobs) >= r.max_jobs
                   ) AS full_key;
@@ -292,8 +302,11 @@ BEGIN
                              WHERE s.scope = 'job_type' AND s.name = ranked.job_type
                                AND s.started_at > v_now - tr.period_seconds * interval '1 second'))
                    AND (kr.name IS NULL OR ranked.key_rank <= kr.max_jobs - (
+                            -- kr.scope, not 'key': the planner cannot then pick the
+                            -- partial index of every key's recent starts (and read them
+                            -- all for each key) over the primary key.
                             SELECT COALESCE(sum(s.jobs), 0) FROM pgqueue_rate_starts AS s
-                             WHERE s.scope = 'key'
+                             WHERE s.scope = kr.scope
                                AND s.name = ranked.job_type || E'\n' || ranked.concurrency_key
                                AND s.started_at > v_now - kr.period_seconds * interval '1 second'))
               ) AS kept;

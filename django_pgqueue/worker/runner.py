@@ -66,9 +66,10 @@ DURATION_SMOOTHING = 0.1
 #: bookkeeping), in seconds: part of how soon a prefetched job starts.
 HANDOFF_SECONDS = 0.0002
 #: Jobs under a rate limit are prefetched only with a start-by moment between these
-#: many seconds after the claim: twice the expected wait of the batch's last job, at
-#: least the first (a slot's wake-up can lag), at most the second (a longer one would
-#: hold the limits' windows too long; the batch then only fills free slots).
+#: many seconds after the claim is sent: how long recent claims took to come back, plus
+#: twice the expected wait of the batch's last job; at least the first (a slot's
+#: wake-up can lag), at most the second (a longer one would hold the limits' windows
+#: too long; the batch then only fills free slots).
 RATED_START_WITHIN = (0.01, 0.1)
 
 
@@ -185,6 +186,8 @@ class Worker:
         self._conn: psycopg.Connection[Any] | None = None
         self._listener: NotificationListener | None = None
         self._last_claim_at = 0.0
+        #: Seconds a claim took to come back: quick to rise, slow to fall.
+        self._claim_seconds = 0.0
         #: Whether rate limits exist (refreshed by the heartbeat), and when the first full
         #: one of this worker's job types and queues has room (``time.monotonic()``).
         self.rate_limited = False
@@ -505,6 +508,9 @@ class Worker:
                         queries.RATE_LIMIT_WAIT, [self.job_types, self.queues], prepare=False
                     )
         self.round_trips += 1
+        if claim is not None:
+            took = time.monotonic() - self._last_claim_at
+            self._claim_seconds = max(took, self._claim_seconds * 0.9 + took * 0.1)
         if rate_wait is not None:
             (seconds,) = rate_wait.fetchone() or (None,)
             self._rate_room_at = None if seconds is None else time.monotonic() + seconds
@@ -528,11 +534,13 @@ class Worker:
         average = self._average_duration
         if not self.rate_limited or average is None or asked <= self._free_slots():
             return None
-        # The batch's last job starts once every job ahead of it has had a slot.
+        # The start-by moment counts from the claim's moment on the server, which this
+        # worker only knows to be after it sent the claim: the claim's own time first.
+        # Then the batch's last job starts once every job ahead of it has had a slot.
         ahead = len(self._running) + len(self._abandoned) + asked - self.concurrency
         expected = max(ahead, 0) * (average + HANDOFF_SECONDS) / self.concurrency
         shortest, longest = RATED_START_WITHIN
-        within = max(2 * expected, shortest)
+        within = max(self._claim_seconds + 2 * expected, shortest)
         return within if within <= longest else None
 
     def _start(self, jobs: list[Job], slots: SlotPool, claimed_at: float) -> None:
