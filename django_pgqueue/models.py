@@ -1018,14 +1018,23 @@ class RateLimitStart(JobsDatabaseModel):
     name = models.CharField(max_length=255)
     started_at = models.DateTimeField()
     jobs = models.IntegerField()
+    #: On the row of a claim that filled its limit's window: when the window's oldest
+    #: start leaves it, the first moment it can have room again. The claim leaves out the
+    #: keys whose window is full until then, and workers wake up then.
+    full_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "pgqueue_rate_starts"
-        # The claim finds the keys at their rate among the recent starts of every key.
         indexes = [
             models.Index(
                 fields=["started_at"], condition=Q(scope="key"), name="idx_rate_starts_keys"
-            )
+            ),
+            # The windows filled and not yet with room: few rows, read by every claim.
+            models.Index(
+                fields=["full_until"],
+                condition=Q(full_until__isnull=False),
+                name="idx_rate_starts_full",
+            ),
         ]
         verbose_name = _("rate limit start")
         verbose_name_plural = _("rate limit starts")

@@ -846,6 +846,22 @@ def test_a_key_at_its_rate_does_not_hold_up_other_keys(per_tenant_rate):
 
 
 @pytest.mark.django_db
+def test_a_key_a_claim_filled_is_left_out_of_the_walk_until_its_window_has_room(
+    per_tenant_rate,
+):
+    override_rate_limit("key", TENANT_RATE, "2/2s")
+    tenant_jobs(*"aaaaaa", "b")
+
+    assert len(claim(batch_size=2)) == 2  # a's first two: its window is full
+
+    (start,) = RateLimitStart.objects.all()
+    assert start.full_until == start.started_at + timedelta(seconds=2)
+    # Past four more of a's, in a claim of one job: its backlog is not walked.
+    (next_job,) = Job.objects.filter(pk__in=claim(batch_size=1))
+    assert next_job.concurrency_key == "b"
+
+
+@pytest.mark.django_db
 def test_a_full_key_tells_workers_when_it_has_room_and_shows_in_the_state(per_tenant_rate):
     override_rate_limit("key", TENANT_RATE, "1/m")
     tenant_jobs("a", "a", "b")

@@ -20,6 +20,12 @@
 --   from bounding the scan, and with a thousand per-key rates each claim read the whole
 --   log (every start of the last period and a minute). And a key's window, under its
 --   lock, is read through the primary key, not the partial index of every key's starts.
+-- * The keys at their rate, left out of the walk, are no longer found by summing every
+--   key's recent starts (a thousand keys at 10 a second: ten thousand rows, each claim).
+--   A claim that fills a window marks its row of the log with full_until, when the
+--   window's oldest start leaves it; the claim reads the marks still ahead
+--   (idx_rate_starts_full). A key whose window is full without a claim having filled it
+--   (its rate lowered since) is not left out, only passed over under its lock.
 --
 -- Everything else is version 5's.
 CREATE FUNCTION claim_job_batch(
@@ -48,7 +54,6 @@ DECLARE
     v_keyed boolean;
     v_rated boolean;
     v_rated_keys boolean;
-    v_key_period interval;
     v_kept_rated boolean;
     v_excess uuid[];
     v_claimed_rated boolean := false;
@@ -93,10 +98,7 @@ BEGIN
            EXISTS (SELECT 1 FROM pgqueue_rate_limits)
       INTO v_paused, v_limited, v_keyed, v_rated;
     IF v_rated THEN
-        -- The longest period of the per-key rates: how far back their starts are read.
-        SELECT max(period_seconds) * interval '1 second' INTO v_key_period
-          FROM pgqueue_rate_limits WHERE scope = 'key';
-        v_rated_keys := v_key_period IS NOT NULL;
+        v_rated_keys := EXISTS (SELECT 1 FROM pgqueue_rate_limits WHERE scope = 'key');
     END IF;
     -- A key is named job_type, newline, concurrency_key: job types have no newline.
 
@@ -146,19 +148,13 @@ BEGIN
                      WHERE s.scope = r.scope AND s.name = r.name
                        AND s.started_at > v_clock - r.period_seconds * interval '1 second');
             IF v_rated_keys AND v_slots > 0 THEN
-                -- Keys at their rate, from the recent starts of every key (idx_rate_starts_keys).
-                SELECT v_full_keys || array_agg(full_key.name) INTO v_full_keys
-                  FROM (
-                    SELECT s.name
-                      FROM pgqueue_rate_starts AS s
-                      JOIN pgqueue_rate_limits AS r
-                        ON r.scope = 'key' AND r.name = split_part(s.name, E'\n', 1)
-                     WHERE s.scope = 'key'
-                       AND s.started_at > v_clock - v_key_period
-                       AND s.started_at > v_clock - r.period_seconds * interval '1 second'
-                     GROUP BY s.name, r.max_jobs
-                    HAVING sum(s.jobs) >= r.max_jobs
-                  ) AS full_key;
+                -- Keys at their rate: those a claim filled, until their window has room
+                -- (full_until, idx_rate_starts_full), of per-key rates that still exist.
+                SELECT v_full_keys || array_agg(DISTINCT s.name) INTO v_full_keys
+                  FROM pgqueue_rate_starts AS s
+                  JOIN pgqueue_rate_limits AS r
+                    ON r.scope = 'key' AND r.name = split_part(s.name, E'\n', 1)
+                 WHERE s.full_until > v_clock AND s.scope = 'key';
             END IF;
         END IF;
 
@@ -340,20 +336,37 @@ BEGIN
          WHERE jobs.id = ANY (COALESCE(v_keep, '{}'))
         RETURNING jobs.*;
 
-        -- The claims of each rate limit, counted in its window from now on.
+        -- The claims of each rate limit, counted in its window from now on; a claim
+        -- that fills a window marks its row with when the window's oldest start leaves
+        -- it (full_until): no claim can find room before then. (w reads the window
+        -- through the primary key: see the ranking's kr.)
         IF v_kept_rated THEN
-            INSERT INTO pgqueue_rate_starts AS s (scope, name, started_at, jobs)
-            SELECT r.scope,
-                   CASE r.scope WHEN 'key' THEN j.job_type || E'\n' || j.concurrency_key
-                                ELSE r.name END,
-                   v_counted_at, count(*)
-              FROM pgqueue_jobs AS j
-              JOIN pgqueue_rate_limits AS r
-                ON CASE r.scope WHEN 'queue' THEN j.queue ELSE j.job_type END = r.name
-               AND (r.scope <> 'key' OR j.concurrency_key IS NOT NULL)
-             WHERE j.id = ANY (v_keep)
-             GROUP BY 1, 2
-            ON CONFLICT (scope, name, started_at) DO UPDATE SET jobs = s.jobs + EXCLUDED.jobs;
+            INSERT INTO pgqueue_rate_starts AS s (scope, name, started_at, jobs, full_until)
+            SELECT claimed.scope, claimed.name, v_counted_at, claimed.jobs,
+                   CASE WHEN w.jobs + claimed.jobs >= claimed.max_jobs
+                        THEN least(w.oldest, v_counted_at) + claimed.period END
+              FROM (
+                SELECT r.scope,
+                       CASE r.scope WHEN 'key' THEN j.job_type || E'\n' || j.concurrency_key
+                                    ELSE r.name END AS name,
+                       count(*) AS jobs, r.max_jobs,
+                       r.period_seconds * interval '1 second' AS period
+                  FROM pgqueue_jobs AS j
+                  JOIN pgqueue_rate_limits AS r
+                    ON CASE r.scope WHEN 'queue' THEN j.queue ELSE j.job_type END = r.name
+                   AND (r.scope <> 'key' OR j.concurrency_key IS NOT NULL)
+                 WHERE j.id = ANY (v_keep)
+                 GROUP BY 1, 2, r.max_jobs, r.period_seconds
+              ) AS claimed
+              CROSS JOIN LATERAL (
+                SELECT COALESCE(sum(x.jobs), 0) AS jobs, min(x.started_at) AS oldest
+                  FROM pgqueue_rate_starts AS x
+                 WHERE x.scope = claimed.scope AND x.name = claimed.name
+                   AND x.started_at > v_now - claimed.period
+              ) AS w
+            ON CONFLICT (scope, name, started_at) DO UPDATE
+               SET jobs = s.jobs + EXCLUDED.jobs,
+                   full_until = COALESCE(EXCLUDED.full_until, s.full_until);
             v_claimed_rated := true;
         END IF;
 

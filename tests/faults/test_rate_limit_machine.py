@@ -65,8 +65,9 @@ class RatedJobStateMachine(JobStateMachine):
     def advance(self, seconds: int) -> None:
         with connection.cursor() as cursor:
             cursor.execute(
-                "UPDATE pgqueue_rate_starts SET started_at = started_at - %s * interval '1s'",
-                [seconds],
+                "UPDATE pgqueue_rate_starts SET started_at = started_at - %s * interval '1s', "
+                "full_until = full_until - %s * interval '1s'",
+                [seconds, seconds],
             )
             cursor.execute(
                 "UPDATE pgqueue_jobs SET claimed_at = claimed_at - %s * interval '1s', "
