@@ -35,7 +35,7 @@ from django_pgqueue.rate_limits import (
 )
 from django_pgqueue.rates import Rate, parse_rate
 from django_pgqueue.worker import Worker
-from django_pgqueue.worker.runner import RATED_START_WITHIN
+from django_pgqueue.worker.pacing import RATED_START_WITHIN
 from tests.testapp import rated_jobs
 from tests.workers import WorkerProcess, wait_for, worker_thread
 
@@ -948,9 +948,9 @@ def test_staff_give_each_key_of_a_job_type_a_rate_in_the_admin(staff, per_tenant
 
 def test_a_worker_whose_rate_limits_are_gone_waits_its_poll_not_a_past_room_time():
     worker = Worker(concurrency=2, poll_interval=5)
-    worker._rate_room_at = time.monotonic() - 10  # from a claim while a limit existed
+    worker.pacing.room_in(0.0, time.monotonic() - 10)  # from a claim while a limit existed
 
-    worker.rate_limited = True
+    worker.pacing.limited = True
     assert worker._wait_timeout() == 0.0  # room came: claim at once
-    worker.rate_limited = False  # the heartbeat saw the last rate limit go
+    worker.pacing.limited = False  # the heartbeat saw the last rate limit go
     assert worker._wait_timeout() == 5

@@ -47,6 +47,7 @@ from .execution import (
 from .handback import forced_exit_outcomes, hand_back
 from .heartbeat import Heartbeat
 from .listener import NotificationListener
+from .pacing import RatePacing, has_start_by, start_by
 from .slots import SlotPool
 
 logger = logging.getLogger("django_pgqueue.worker")
@@ -62,15 +63,6 @@ MAX_PREFETCH = 10000
 PREFETCH_TARGET_WAIT = 0.02
 #: Weight of the newest run in the moving average of run times.
 DURATION_SMOOTHING = 0.1
-#: What handing a job to a slot costs besides its run (a thread's wake-up, the
-#: bookkeeping), in seconds: part of how soon a prefetched job starts.
-HANDOFF_SECONDS = 0.0002
-#: Jobs under a rate limit are prefetched only with a start-by moment between these
-#: many seconds after the claim is sent: how long recent claims took to come back, plus
-#: twice the expected wait of the batch's last job; at least the first (a slot's
-#: wake-up can lag), at most the second (a longer one would hold the limits' windows
-#: too long; the batch then only fills free slots).
-RATED_START_WITHIN = (0.01, 0.1)
 
 
 def default_worker_id() -> str:
@@ -186,12 +178,9 @@ class Worker:
         self._conn: psycopg.Connection[Any] | None = None
         self._listener: NotificationListener | None = None
         self._last_claim_at = 0.0
-        #: Seconds a claim took to come back: quick to rise, slow to fall.
-        self._claim_seconds = 0.0
-        #: Whether rate limits exist (refreshed by the heartbeat), and when the first full
-        #: one of this worker's job types and queues has room (``time.monotonic()``).
-        self.rate_limited = False
-        self._rate_room_at: float | None = None
+        #: The rate limits it claims under: whether any exists, when a full window has
+        #: room, how soon it promises to start what it prefetches.
+        self.pacing = RatePacing()
         #: Moving average of handler run times (None until a job ran).
         self._average_duration: float | None = None
 
@@ -355,7 +344,7 @@ class Worker:
             sync_declared_limits(self.using)
             sync_declared_rate_limits(self.using)
             row = self._db().execute(queries.RATE_LIMITED).fetchone()
-            self.rate_limited = bool(row and row[0])
+            self.pacing.limited = bool(row and row[0])
         except (DatabaseError, psycopg.Error) as exc:
             # The limits stored by an earlier worker still apply: keep running.
             logger.error("could not write the declared limits (%s)", exc)
@@ -422,10 +411,9 @@ class Worker:
             recheck_at = self._listener.last_notified + NOTIFY_COALESCE_SECONDS
             if self._last_claim_at < recheck_at:
                 timeout = min(timeout, max(recheck_at - now, 0.0))
-        # Only while rate limits exist: the time is refreshed by claims that ask for it,
-        # and one left from before the last limit went would be past, a wait of 0: a spin.
-        if self.rate_limited and self._rate_room_at is not None and self._free_slots() > 0:
-            timeout = min(timeout, max(self._rate_room_at - now, 0.0))
+        room_at = self.pacing.wake_at()
+        if room_at is not None and self._free_slots() > 0:
+            timeout = min(timeout, max(room_at - now, 0.0))
         return timeout
 
     def _room(self) -> int:
@@ -435,7 +423,7 @@ class Worker:
     def _waiting_for_rate_limits(self) -> bool:
         """Whether due jobs of this worker are only waiting for a rate limit's window: a
         burst run waits for them (it ends when no due job is left)."""
-        if not self.rate_limited or self._rate_room_at is None:
+        if self.pacing.wake_at() is None:
             return False
         row = self._db().execute(
             queries.RATE_LIMITED_DUE, {"job_types": self.job_types, "queues": self.queues}
@@ -474,7 +462,13 @@ class Worker:
             return [], 0
         if asked:
             self._last_claim_at = time.monotonic()
-        start_within = self._start_within(asked)
+        start_within = self.pacing.start_within(
+            asked=asked,
+            free=self._free_slots(),
+            held=len(self._running) + len(self._abandoned),
+            concurrency=self.concurrency,
+            average=self._average_duration,
+        )
         conn = self._db()
         finish = claim = rate_wait = None
         with conn.pipeline():
@@ -502,18 +496,17 @@ class Worker:
                     binary=True,
                     prepare=False,
                 )
-                if self.rate_limited:
+                if self.pacing.limited:
                     rate_wait = psycopg.Cursor(conn)
                     rate_wait.execute(
                         queries.RATE_LIMIT_WAIT, [self.job_types, self.queues], prepare=False
                     )
         self.round_trips += 1
         if claim is not None:
-            took = time.monotonic() - self._last_claim_at
-            self._claim_seconds = max(took, self._claim_seconds * 0.9 + took * 0.1)
+            self.pacing.claim_came_back(time.monotonic() - self._last_claim_at)
         if rate_wait is not None:
             (seconds,) = rate_wait.fetchone() or (None,)
-            self._rate_room_at = None if seconds is None else time.monotonic() + seconds
+            self.pacing.room_in(seconds, time.monotonic())
         if finish is not None:
             self._record_finished(outcomes, finish)
         if claim is None:
@@ -523,32 +516,17 @@ class Worker:
             self._outcomes.extend(undecodable)
             self._wake.set()  # record their failures now, not after a poll interval
         assert slots is not None
-        self._start(jobs, slots, claimed_at=self._last_claim_at)
+        # Only a claim given p_start_within returns jobs with a start-by moment.
+        self._start(jobs, slots, sent_at=self._last_claim_at if start_within else None)
         return jobs, asked
 
-    def _start_within(self, asked: int) -> float | None:
-        """Seconds within which this worker promises to start every job of a claim of
-        ``asked`` jobs, so that jobs under a rate limit may be prefetched too; None
-        (only into free slots) while rate limits are off, the batch fits the free
-        slots, or the buffer is too deep to start them soon."""
-        average = self._average_duration
-        if not self.rate_limited or average is None or asked <= self._free_slots():
-            return None
-        # The start-by moment counts from the claim's moment on the server, which this
-        # worker only knows to be after it sent the claim: the claim's own time first.
-        # Then the batch's last job starts once every job ahead of it has had a slot.
-        ahead = len(self._running) + len(self._abandoned) + asked - self.concurrency
-        expected = max(ahead, 0) * (average + HANDOFF_SECONDS) / self.concurrency
-        shortest, longest = RATED_START_WITHIN
-        within = max(self._claim_seconds + 2 * expected, shortest)
-        return within if within <= longest else None
-
-    def _start(self, jobs: list[Job], slots: SlotPool, claimed_at: float) -> None:
+    def _start(self, jobs: list[Job], slots: SlotPool, sent_at: float | None) -> None:
         """Hand ``jobs`` to the slots: free ones start them at once, the rest wait in
-        the prefetch buffer. Jobs with a start-by moment (``claimed_at``, the monotonic
-        time the claim was sent, plus the delay the claim gave them) go first."""
+        the prefetch buffer. With ``sent_at`` (when the claim was sent), jobs with a
+        start-by moment go first (pacing.py)."""
         free = self._free_slots()
-        jobs = sorted(jobs, key=lambda job: not _has_start_by(job))  # stable: claim order
+        if sent_at is not None:
+            jobs = sorted(jobs, key=lambda job: not has_start_by(job))  # stable: claim order
         for job in jobs:
             if job.cancel_requested_at is not None:
                 self._outcomes.append(
@@ -560,7 +538,7 @@ class Worker:
                 job=job,
                 definition=registry.find_definition(job.job_type),
                 buffered=free <= 0,
-                start_by=_start_by(job, claimed_at),
+                start_by=None if sent_at is None else start_by(job, sent_at),
             )
             free -= 1
             self._running[job.id] = running
@@ -674,7 +652,7 @@ class Worker:
                 held_jobs=lambda: list(self._running.values()),
                 unflushed_job_ids=lambda: [outcome.job_id for outcome in self._outcomes],
                 stopping=self._threads_stopping,
-                on_rate_limited=lambda limited: setattr(self, "rate_limited", limited),
+                on_rate_limited=lambda limited: setattr(self.pacing, "limited", limited),
             )
         ]
         if self.listen:
@@ -761,25 +739,6 @@ def _finish_params(outcomes: list[Outcome], worker_id: str) -> list[Any]:
         [o.snoozed for o in outcomes],
         worker_id,
     ]
-
-
-def _has_start_by(job: Job) -> bool:
-    """Whether the claim counted ``job`` under a rate limit as started later than it
-    claimed it: a slot must start it by then."""
-    return (
-        job.started_at is not None
-        and job.claimed_at is not None
-        and (job.started_at > job.claimed_at)
-    )
-
-
-def _start_by(job: Job, claimed_at: float) -> float | None:
-    """The monotonic moment by which ``job`` must start, from ``claimed_at`` (the
-    monotonic time its claim was sent: before the server's moment, so never late)."""
-    if not _has_start_by(job):
-        return None
-    assert job.started_at is not None and job.claimed_at is not None
-    return claimed_at + (job.started_at - job.claimed_at).total_seconds()
 
 
 def _log_outcome(job: Job, outcome: Outcome) -> None:
