@@ -211,6 +211,36 @@ def test_held_jobs_count_as_pending_in_the_queue_statistics(per_tenant):
 
 
 @pytest.mark.django_db
+def test_the_overview_and_the_status_command_show_held_jobs_and_link_to_them(per_tenant, staff):
+    tenant_jobs("a", "a", "a", "b")
+    client = staff("view_job")
+
+    response = client.get(reverse("admin:django_pgqueue_job_overview"))
+    table = io.StringIO()
+    call_command("pgqueue_status", stdout=table)
+
+    (default,) = [row for row in response.context["queues"] if row["queue"] == "default"]
+    assert (default["pending"], default["held"]) == (4, 2)
+    assert response.context["totals"]["held"] == 2
+    link = "?queue=default&amp;status__exact=pending&amp;held__exact=1"
+    assert f'<a href="/admin/django_pgqueue/job/{link}">2</a>' in response.content.decode()
+    lines = table.getvalue().splitlines()
+    header = [cell.strip() for cell in next(x for x in lines if " queue " in x).split("┃")[1:-1]]
+    row = [cell.strip() for cell in next(x for x in lines if " default " in x).split("│")[1:-1]]
+    assert dict(zip(header, row, strict=True))["held"] == "2"
+
+
+@pytest.mark.django_db
+def test_the_status_command_has_no_held_column_while_nothing_is_held(per_tenant):
+    tenant_jobs("a", "b")
+    table = io.StringIO()
+
+    call_command("pgqueue_status", stdout=table)
+
+    assert " held " not in table.getvalue()
+
+
+@pytest.mark.django_db
 def test_a_job_scheduled_for_later_is_never_held_and_never_blocks_a_due_one(per_tenant):
     later = enqueue(TENANT_JOB, {"tenant": "a"}, delay=3600)
     due = enqueue(TENANT_JOB, {"tenant": "a"})

@@ -102,6 +102,10 @@ class QueueOverview(JobAdminBase):
         }
 
 
+# The changelist's filter of the pending jobs held back by a per-key limit.
+_HELD = {"status__exact": JobStatus.PENDING.value, "held__exact": "1"}
+
+
 def queue_row(queue: QueueStats, changelist: str) -> dict[str, Any]:
     """A queue's figures as the table shows them, each count linked to its jobs.
 
@@ -114,6 +118,8 @@ def queue_row(queue: QueueStats, changelist: str) -> dict[str, Any]:
         "queue": queue.name or None,
         **{status.value: by_status[status] or 0 for status in JobStatus},
         "delayed": queue.scheduled,
+        "held": queue.held,
+        "held_url": f"{changelist}?{urlencode({**base, **_HELD})}",
         "oldest_due_wait": short_duration(timedelta(seconds=age)) if age is not None else "",
         "completed_last_minute": queue.completed_last_minute,
         "failed_last_minute": queue.failed_last_minute,

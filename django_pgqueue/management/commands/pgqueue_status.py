@@ -184,7 +184,11 @@ def render(shot: Snapshot, *, failed_total: bool = False) -> RenderableType:
         title=f"Queues at {_clock(shot.taken_at)} (rates: last {WINDOW_SECONDS}s)",
         title_justify="left",
     )
-    columns = ["queue", "state", "limit", "pending", "scheduled", "claimed", "running"]
+    held_total = sum(queue.held for queue in shot.queues)
+    columns = ["queue", "state", "limit", "pending", "scheduled"]
+    if held_total:
+        columns.append("held")
+    columns += ["claimed", "running"]
     if failed_total:
         columns.append("failed")
     columns += ["done/min", "failed/min", "wait p50", "wait p95", "oldest due"]
@@ -197,9 +201,10 @@ def render(shot: Snapshot, *, failed_total: bool = False) -> RenderableType:
             "-" if queue.max_running is None else str(queue.max_running),
             str(queue.pending),
             str(queue.scheduled),
-            str(queue.claimed),
-            str(queue.running),
         ]
+        if held_total:
+            row.append(str(queue.held))
+        row += [str(queue.claimed), str(queue.running)]
         if failed_total:
             row.append(_red_if(queue.failed or 0))
         row += [
