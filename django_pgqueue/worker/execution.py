@@ -244,7 +244,7 @@ def execute(running: RunningJob, alias: str) -> Outcome:
     job._cancel_event = running.cancel_event
     running.started_wall = time.time()
     running.started_monotonic = time.monotonic()
-    if running.buffered or running.start_by is not None or job.started_at is None:
+    if running.recorded_start() is not None or job.started_at is None:
         job.started_at = datetime.fromtimestamp(running.started_wall, tz=UTC)
     if definition.timeout:
         running.deadline = running.started_monotonic + definition.timeout

@@ -74,16 +74,11 @@ class RatePacing:
         return within if within <= longest else None
 
 
-def has_start_by(job: Job) -> bool:
-    """Whether the claim counted ``job`` under a rate limit as started later than it
-    claimed it: a slot must start it by then."""
-    started, claimed = job.started_at, job.claimed_at
-    return started is not None and claimed is not None and started > claimed
-
-
 def start_by(job: Job, sent_at: float) -> float | None:
-    """The ``time.monotonic()`` by which ``job`` must start, or None: from ``sent_at``,
-    when its claim was sent (before the server's moment, so never late)."""
+    """The ``time.monotonic()`` by which ``job`` must start, or None when the claim
+    counted it at its own moment (``started_at`` later than ``claimed_at`` says it was
+    counted then): from ``sent_at``, when its claim was sent (before the server's
+    moment, so never late)."""
     started, claimed = job.started_at, job.claimed_at
     if started is None or claimed is None or started <= claimed:
         return None

@@ -47,7 +47,7 @@ from .execution import (
 from .handback import forced_exit_outcomes, hand_back
 from .heartbeat import Heartbeat
 from .listener import NotificationListener
-from .pacing import RatePacing, has_start_by, start_by
+from .pacing import RatePacing, start_by
 from .slots import SlotPool
 
 logger = logging.getLogger("django_pgqueue.worker")
@@ -525,9 +525,11 @@ class Worker:
         the prefetch buffer. With ``sent_at`` (when the claim was sent), jobs with a
         start-by moment go first (pacing.py)."""
         free = self._free_slots()
+        deadlines = [None if sent_at is None else start_by(job, sent_at) for job in jobs]
+        batch = list(zip(jobs, deadlines, strict=True))
         if sent_at is not None:
-            jobs = sorted(jobs, key=lambda job: not has_start_by(job))  # stable: claim order
-        for job in jobs:
+            batch.sort(key=lambda pair: pair[1] is None)  # stable: claim order otherwise
+        for job, deadline in batch:
             if job.cancel_requested_at is not None:
                 self._outcomes.append(
                     Outcome(job.id, CANCELLED, error="cancelled before it started")
@@ -538,7 +540,7 @@ class Worker:
                 job=job,
                 definition=registry.find_definition(job.job_type),
                 buffered=free <= 0,
-                start_by=None if sent_at is None else start_by(job, sent_at),
+                start_by=deadline,
             )
             free -= 1
             self._running[job.id] = running
