@@ -617,7 +617,10 @@ def rated_worker(worker_id: str, rates: dict[str, str]) -> WorkerProcess:
 
 @pytest.mark.django_db(transaction=True)
 def test_worker_processes_keep_a_rate_in_every_window_and_use_it_fully():
-    jobs = records(40)
+    # Jobs of 50 ms, as calls to a rate-limited API are: a worker prefetches few of them,
+    # so every window is claimed by several processes at once. (Fast jobs let the first
+    # worker to claim take a whole window into its buffer.)
+    jobs = records(40, data={"sleep": 0.05})
     workers = [rated_worker(f"w{i}", {"tests.record": "10/s"}) for i in range(3)]
     try:
         wait_for(
