@@ -195,13 +195,12 @@ BEGIN
             -- (back to custom plans at the start of each pass). SET LOCAL: the
             -- function's own SET clause restores the setting when it returns.
             PERFORM set_config('plan_cache_mode', 'auto', true);
-        END IF;
 
-        IF v_rated THEN
             -- A batch with rate-limited jobs is no larger than the free slots (v_slots:
-            -- the batch size when prefetching): the rate-limited candidates beyond them, in claim order, are left for a later
-            -- claim before any lock is taken, or every key of a backlog under per-key
-            -- rates would be locked and ranked to claim a few jobs.
+            -- the batch size when prefetching): the rate-limited candidates beyond
+            -- them, in claim order, are left for a later claim before any lock is
+            -- taken, or every key of a backlog under per-key rates would be locked and
+            -- ranked to claim a few jobs.
             SELECT array_agg(rated.id) INTO v_excess
               FROM (
                 SELECT j.id,
