@@ -1026,9 +1026,6 @@ class RateLimitStart(JobsDatabaseModel):
     class Meta:
         db_table = "pgqueue_rate_starts"
         indexes = [
-            models.Index(
-                fields=["started_at"], condition=Q(scope="key"), name="idx_rate_starts_keys"
-            ),
             # The windows filled and not yet with room: few rows, read by every claim.
             models.Index(
                 fields=["full_until"],

@@ -26,6 +26,9 @@ class Migration(migrations.Migration):
             name="full_until",
             field=models.DateTimeField(blank=True, null=True),
         ),
+        # Read by claim version 5 only, to sum every key's recent starts; the marks
+        # replace it, and each claim under per-key rates writes a hundred rows.
+        migrations.RemoveIndex(model_name="ratelimitstart", name="idx_rate_starts_keys"),
         migrations.AddIndex(
             model_name="ratelimitstart",
             index=models.Index(
