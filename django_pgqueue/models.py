@@ -1026,11 +1026,15 @@ class RateLimitStart(JobsDatabaseModel):
     class Meta:
         db_table = "pgqueue_rate_starts"
         indexes = [
-            # The windows filled and not yet with room: few rows, read by every claim.
+            # The windows filled and not yet with room: few rows, read by every claim
+            # and wake-up query. Led by scope, so that their "scope = 'key' AND
+            # full_until > now" is all index condition: on full_until alone, the
+            # planner judged the log from stale statistics (it grows by a hundred rows
+            # a claim) and read every key's starts through the primary key instead.
             models.Index(
-                fields=["full_until"],
+                fields=["scope", "full_until"],
                 condition=Q(full_until__isnull=False),
-                name="idx_rate_starts_full",
+                name="idx_rate_starts_marks",
             ),
         ]
         verbose_name = _("rate limit start")

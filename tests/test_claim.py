@@ -14,9 +14,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from django.db import DatabaseError, DataError, connection, connections, transaction
+from django.db import DataError, connection, connections, transaction
 
 from django_pgqueue.models import Job
+from tests.plans import plan_nodes, statement_plans
 
 pytestmark = pytest.mark.django_db
 
@@ -265,43 +266,11 @@ def test_concurrent_claimers_never_share_a_job_and_together_claim_all():
 
 
 def claim_plans(**claim_arguments: Any) -> list[dict[str, Any]]:
-    """Run a real claim and return the plan of the statement inside claim_job_batch.
-
-    ``EXPLAIN SELECT * FROM claim_job_batch(...)`` shows only a Function Scan, so the
-    plan is captured with auto_explain, which reports the plan of every statement the
-    function executes, with the actual arguments (the function forces custom plans), as
-    a NOTICE sent to this client. Settings are ``SET LOCAL``: the test's transaction
-    ends them.
-    """
-    with connection.cursor() as cursor:
-        try:
-            with transaction.atomic():
-                cursor.execute("LOAD 'auto_explain'")
-        except DatabaseError as exc:  # not a superuser, or the module is not installed
-            pytest.skip(f"auto_explain is unavailable on this server: {exc}")
-        for setting, value in [
-            ("log_min_duration", "0"),
-            ("log_nested_statements", "on"),
-            ("log_level", "notice"),
-            ("log_format", "json"),
-        ]:
-            cursor.execute(f"SET LOCAL auto_explain.{setting} = {value}")
-        cursor.execute("SET LOCAL client_min_messages = notice")
-    notices: list[str] = []
-    handler = lambda diagnostic: notices.append(diagnostic.message_primary)  # noqa: E731
-    connection.connection.add_notice_handler(handler)
-    try:
-        assert claim(**claim_arguments), "the claim should have found due jobs"
-    finally:
-        connection.connection.remove_notice_handler(handler)
-        with connection.cursor() as cursor:
-            cursor.execute("SET LOCAL auto_explain.log_min_duration = -1")
-    plans = [json.loads(text[text.index("{") :]) for text in notices if "plan:" in text]
+    """Run a real claim and return the plan of its walk (tests/plans.py)."""
+    plans = statement_plans(
+        lambda: claim(**claim_arguments) or pytest.fail("the claim should have found due jobs")
+    )
     return [plan for plan in plans if "SKIP LOCKED" in plan["Query Text"]]
-
-
-def plan_nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
-    return [node, *(child for sub in node.get("Plans", []) for child in plan_nodes(sub))]
 
 
 def test_claim_uses_the_claimable_index_and_never_scans_the_table():

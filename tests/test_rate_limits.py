@@ -36,6 +36,7 @@ from django_pgqueue.rate_limits import (
 from django_pgqueue.rates import Rate, parse_rate
 from django_pgqueue.worker import Worker
 from django_pgqueue.worker.pacing import RATED_START_WITHIN
+from tests.plans import scans_of, statement_plans
 from tests.testapp import rated_jobs
 from tests.workers import WorkerProcess, wait_for, worker_thread
 
@@ -862,6 +863,43 @@ def test_a_key_a_claim_filled_is_left_out_of_the_walk_until_its_window_has_room(
     # Past four more of a's, in a claim of one job: its backlog is not walked.
     (next_job,) = Job.objects.filter(pk__in=claim(batch_size=1))
     assert next_job.concurrency_key == "b"
+
+
+@pytest.mark.django_db
+def test_the_marks_of_full_keys_are_read_through_their_index_on_a_grown_log(per_tenant_rate):
+    # The log as a busy minute leaves it, a row per key and claim, grown since it was
+    # last analyzed: the planner must still not read every key's starts to find the
+    # few marks ahead (with the marks indexed on full_until alone, it read them all
+    # through the primary key: a millisecond a claim, and as much a wake-up query).
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE pgqueue_rate_starts")
+        cursor.execute(
+            """
+            INSERT INTO pgqueue_rate_starts (scope, name, started_at, jobs, full_until)
+            SELECT 'key', %s || E'\\n' || (i %% 1000), now() - i * interval '1 ms', 1,
+                   CASE WHEN i %% 100 = 0 THEN now() + interval '1 s' - i * interval '1 ms' END
+              FROM generate_series(1, 11000) AS i
+            """,
+            [TENANT_RATE],
+        )
+    tenant_jobs("a")
+
+    def claim_and_ask_when() -> None:
+        claim()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pgqueue_rate_limit_wait(NULL, NULL)")
+
+    plans = statement_plans(claim_and_ask_when)
+    reading_marks = [plan for plan in plans if "full_until >" in plan["Query Text"]]
+
+    assert len(reading_marks) == 2  # the claim's, before its walk, and the wait's
+    for plan in reading_marks:
+        read_marks = [
+            index
+            for index, conditions in scans_of(plan, "pgqueue_rate_starts")
+            if "full_until" in conditions
+        ]
+        assert read_marks == ["idx_rate_starts_marks"], json.dumps(plan["Plan"], indent=1)
 
 
 @pytest.mark.django_db
