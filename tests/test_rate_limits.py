@@ -571,8 +571,8 @@ def test_a_prefetched_job_not_started_by_its_counted_moment_is_handed_back(
         wait_for(lambda: Job.objects.filter(status=JobStatus.COMPLETED).count() == 24, timeout=20)
 
     assert "handed back" in caplog.text
-    # Counted twice (handed back, then run), their attempt refunded the first time.
-    assert sum(start.jobs for start in RateLimitStart.objects.all()) == 6
+    # Counted once each: handed back, their attempt and their room went back with them.
+    assert sum(start.jobs for start in RateLimitStart.objects.all()) == 3
     assert {j.attempts for j in Job.objects.filter(pk__in=[j.pk for j in rated])} == {1}
 
 
@@ -900,6 +900,40 @@ def test_the_marks_of_full_keys_are_read_through_their_index_on_a_grown_log(per_
             if "full_until" in conditions
         ]
         assert read_marks == ["idx_rate_starts_marks"], json.dumps(plan["Plan"], indent=1)
+
+
+def hand_back(job_ids: list[Any], worker_id: str = "w") -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pgqueue_rate_hand_back(%s::uuid[], %s)", [job_ids, worker_id])
+        (taken_back,) = cursor.fetchone()
+    return taken_back
+
+
+@pytest.mark.django_db
+def test_a_job_handed_back_unstarted_gives_its_room_back_to_its_windows(per_tenant_rate):
+    override_rate_limit("key", TENANT_RATE, "2/m")
+    tenant_jobs(*"aaa")
+    first, _second = claim(batch_size=10, free_slots=0, start_within=0.05)
+    assert RateLimitStart.objects.get().full_until is not None  # a's window is full
+
+    assert hand_back([first], worker_id="another worker") == 0  # not its job: kept
+    assert hand_back([first]) == 1
+
+    (start,) = RateLimitStart.objects.all()
+    assert (start.jobs, start.full_until) == (1, None)
+    Job.objects.filter(pk=first).update(status=JobStatus.PENDING, worker_id=None)
+    # The room it held is a's again: one more of a's jobs, and only one.
+    assert len(claim(batch_size=10, free_slots=0, start_within=0.05)) == 1
+    assert claim(batch_size=10, free_slots=0, start_within=0.05) == []
+
+
+@pytest.mark.django_db
+def test_a_job_without_a_rate_limit_has_nothing_to_give_back():
+    records(1)
+    (claimed,) = claim()
+
+    assert hand_back([claimed]) == 0
+    assert not RateLimitStart.objects.exists()
 
 
 @pytest.mark.django_db

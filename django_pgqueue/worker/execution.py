@@ -59,6 +59,9 @@ class Outcome:
     started: float | None = None
     #: 1 when the handler snoozed the job (``snoozes`` goes up by one), else 0.
     snoozed: int = 0
+    #: Handed back before its handler started: the room its rate limits counted for it
+    #: goes back too (``pgqueue_rate_hand_back()``).
+    unstarted: bool = False
 
 
 class CancelFlag:
@@ -121,8 +124,9 @@ class RunningJob:
 
 
 def handed_back(running: RunningJob) -> Outcome:
-    """A job given back unstarted: ``pending`` and due at once, its attempt refunded."""
-    return Outcome(running.job.id, PENDING, refund=1)
+    """A job given back unstarted: ``pending`` and due at once, its attempt refunded
+    and its room in its rate limits' windows given back."""
+    return Outcome(running.job.id, PENDING, refund=1, unstarted=True)
 
 
 def retry_or_fail(running: RunningJob, error: str, tb: str | None, delay: float | None) -> Outcome:

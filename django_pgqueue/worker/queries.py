@@ -39,6 +39,10 @@ SELECT EXISTS (
        AND j.queue NOT IN (SELECT name FROM pgqueue_queues WHERE paused_at IS NOT NULL))
 """
 
+# Before FINISH sets them pending again: the room that jobs handed back unstarted held in
+# their rate limits' windows (sql/rate_hand_back_v1.sql).
+RATE_HAND_BACK = "SELECT pgqueue_rate_hand_back(%s::uuid[], %s)"
+
 # Whether any rate limit exists: only then does a worker ask RATE_LIMIT_WAIT.
 RATE_LIMITED = "SELECT EXISTS (SELECT 1 FROM pgqueue_rate_limits)"
 

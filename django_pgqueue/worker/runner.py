@@ -476,6 +476,12 @@ class Worker:
             # default a ClientCursor, which quotes parameters into the SQL in Python and
             # cannot return binary), never prepared: a transaction pooler such as
             # PgBouncer may sit in between.
+            # Before FINISH, which lets the jobs go: their rate limits' room goes back.
+            unstarted = [o.job_id for o in outcomes if o.unstarted]
+            if unstarted and self.pacing.limited:
+                psycopg.Cursor(conn).execute(
+                    queries.RATE_HAND_BACK, [unstarted, self.worker_id], prepare=False
+                )
             if outcomes:
                 finish = psycopg.Cursor(conn)
                 finish.execute(*_finish_statement(outcomes, self.worker_id), prepare=False)
