@@ -363,7 +363,7 @@ def markdown(results: Results) -> str:
         "## Draining (4 worker slots in total)",
         "",
         "| System | Slots | W3 drain (jobs/s) | W5 after finished rows (jobs/s) | W5 slowdown "
-        "| W6 mixed (jobs/s) | W9 one per key (jobs/s) | W9 / W3 | W11 10/s per key (jobs/s) "
+        "| W6 mixed (jobs/s) | W9 one per key (jobs/s) | W9 / W3 | W11 per-key rates (jobs/s) "
         "| W11 / W3 |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import baseline, report  # noqa: E402
-from bench.common import W9_KEYS, W10_LAYOUT  # noqa: E402
+from bench.common import W9_KEYS, W10_LAYOUT, W11_RATE  # noqa: E402
 from bench.report import Figure, Results, SystemInfo  # noqa: E402
 
 #: Durable settings for the benchmark's own server: never the test tuning. Checkpoints
@@ -89,7 +89,7 @@ class Sizes:
     every_layout: tuple[str, ...] = ("W3", "W5", "W6", "W9", "W11")
     #: W9: jobs over ``W9_KEYS`` keys, each key limited to one job at a time.
     w9: int = 20_000
-    #: W11: jobs over ``W9_KEYS`` keys, each key under a rate of 10 jobs a second.
+    #: W11: jobs over ``W9_KEYS`` keys, each key under a rate of ``W11_RATE`` a second.
     w11: int = 20_000
     #: W10: a rate limit of ``w10_rate`` jobs a second, measured over ``w10_seconds``.
     w10_rate: int = 100
@@ -100,7 +100,7 @@ class Sizes:
             f"W1 {self.w1:,} jobs, W2 {self.w2:,}, W3 {self.w3:,}, W4 {self.w4} samples, "
             f"W5 {self.w5_rows:,} finished rows, W6 {self.w6:,}, W9 {self.w9:,} over "
             f"{W9_KEYS:,} keys, W10 {self.w10_rate}/s for {self.w10_seconds:g} s, W11 "
-            f"{self.w11:,} over {W9_KEYS:,} keys at 10/s each"
+            f"{self.w11:,} over {W9_KEYS:,} keys at {W11_RATE}/s each"
         )
 
 
