@@ -179,9 +179,9 @@ def prepare(
     if definition is not None and definition.key is not None:
         row = row._replace(
             concurrency_key=_job_key(definition, data, f"{prefix}{definition.key_option}"),
-            # Held: due jobs of a per-key concurrency limit; a job scheduled for later is
-            # never held (sql/key_limits_v1.sql). Per-key rates alone hold nothing.
-            held=row.undelayed and definition.concurrency_key is not None,
+            # Held: due jobs of a per-key limit, concurrency or rate; a job scheduled for
+            # later is never held (sql/key_limits_v2.sql).
+            held=row.undelayed and definition.key is not None,
         )
     if unique_key is None and definition is not None and definition.unique_key is not None:
         unique_key = _default_key(definition, data, f"{prefix}unique_key")

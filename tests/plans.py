@@ -16,9 +16,9 @@ import pytest
 from django.db import DatabaseError, connection, transaction
 
 
-def statement_plans(run: Callable[[], object]) -> list[dict[str, Any]]:
+def statement_plans(run: Callable[[], object], *, analyze: bool = False) -> list[dict[str, Any]]:
     """Call ``run`` and return the plan of each statement it ran, nested ones too (each
-    with its ``Query Text``)."""
+    with its ``Query Text``); with ``analyze``, with the rows each node read."""
     with connection.cursor() as cursor:
         try:
             with transaction.atomic():
@@ -30,6 +30,8 @@ def statement_plans(run: Callable[[], object]) -> list[dict[str, Any]]:
             ("log_nested_statements", "on"),
             ("log_level", "notice"),
             ("log_format", "json"),
+            ("log_analyze", "on" if analyze else "off"),
+            ("log_timing", "off"),
         ]:
             cursor.execute(f"SET LOCAL auto_explain.{setting} = {value}")
         cursor.execute("SET LOCAL client_min_messages = notice")

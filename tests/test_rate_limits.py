@@ -34,9 +34,10 @@ from django_pgqueue.rate_limits import (
     sync_declared_rate_limits,
 )
 from django_pgqueue.rates import Rate, parse_rate
+from django_pgqueue.recovery import release_held_jobs
 from django_pgqueue.worker import Worker
 from django_pgqueue.worker.pacing import RATED_START_WITHIN
-from tests.plans import scans_of, statement_plans
+from tests.plans import plan_nodes, scans_of, statement_plans
 from tests.testapp import rated_jobs
 from tests.workers import WorkerProcess, wait_for, worker_thread
 
@@ -934,6 +935,53 @@ def test_a_job_without_a_rate_limit_has_nothing_to_give_back():
 
     assert hand_back([claimed]) == 0
     assert not RateLimitStart.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_key_keeps_a_windows_worth_of_due_jobs_visible_and_holds_the_rest(per_tenant_rate):
+    override_rate_limit("key", TENANT_RATE, "3/m")
+    tenant_jobs(*["big"] * 500)
+
+    assert Job.objects.filter(held=False).count() == 3  # its places: the rate's 3 a minute
+    taken = claim(batch_size=10)
+
+    assert len(taken) == 3
+    # The claim released the next three: visible, passed over while the window is full.
+    assert Job.objects.filter(status=JobStatus.PENDING, held=False).count() == 3
+    assert Job.objects.filter(held=True).count() == 494
+
+
+@pytest.mark.django_db
+def test_a_key_at_its_rate_costs_a_claim_its_places_not_its_backlog(per_tenant_rate):
+    override_rate_limit("key", TENANT_RATE, "3/m")
+    tenant_jobs(*["big"] * 2000)
+    claim(batch_size=10)  # big's window is full
+    (small,) = tenant_jobs("small")
+
+    plans = statement_plans(
+        lambda: claim(batch_size=1) == [small.pk] or pytest.fail("small's job not claimed"),
+        analyze=True,
+    )
+
+    (walk,) = [plan for plan in plans if "array_agg(due.id)" in plan["Query Text"]]
+    # Past big's visible places only: its 1,994 held jobs are not in the index walked.
+    removed = sum(node.get("Rows Removed by Filter", 0) for node in plan_nodes(walk["Plan"]))
+    assert removed <= 3, json.dumps(walk["Plan"], indent=1)
+
+
+@pytest.mark.django_db
+def test_the_sweep_holds_the_backlog_of_a_key_that_gained_a_rate(per_tenant_rate):
+    tenant_jobs(*["a"] * 8)  # 5 a second: five visible
+    assert Job.objects.filter(held=False).count() == 5
+    override_rate_limit("key", TENANT_RATE, "2/m")
+
+    release_held_jobs()
+
+    assert Job.objects.filter(held=False).count() == 2
+    override_rate_limit("key", TENANT_RATE, None)
+    RateLimit.objects.filter(scope="key").delete()
+    release_held_jobs()
+    assert not Job.objects.filter(held=True).exists()  # no per-key limit left: all visible
 
 
 @pytest.mark.django_db
