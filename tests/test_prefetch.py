@@ -100,6 +100,7 @@ def test_jobs_waiting_in_the_buffer_are_released_untouched_when_the_worker_stops
         assert released.attempts == 0
         assert released.worker_ids == []
         assert released.worker_id is None
+        assert released.started_at is None  # it never started
     assert not Job.objects.filter(status__in=IN_FLIGHT).exists()
 
 

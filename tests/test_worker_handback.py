@@ -32,10 +32,11 @@ def test_a_started_job_is_handed_back_with_its_attempt_counted_or_failed_once_sp
 
 def test_a_job_that_never_started_gets_its_attempt_back():
     (outcome,) = forced_exit_outcomes([held(started=False)], [])
-    assert (outcome.status, outcome.refund, outcome.error) == (
+    assert (outcome.status, outcome.refund, outcome.error, outcome.unstarted) == (
         "pending",
         1,
         "worker forced to exit",
+        True,
     )
 
 

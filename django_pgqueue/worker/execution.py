@@ -59,8 +59,8 @@ class Outcome:
     started: float | None = None
     #: 1 when the handler snoozed the job (``snoozes`` goes up by one), else 0.
     snoozed: int = 0
-    #: Handed back before its handler started: the room its rate limits counted for it
-    #: goes back too (``pgqueue_rate_hand_back()``).
+    #: Handed back before its handler started: it keeps no start time, and the room its
+    #: rate limits counted for it goes back too (``pgqueue_rate_hand_back()``).
     unstarted: bool = False
 
 

@@ -56,7 +56,9 @@ def forced_exit_outcomes(held: Iterable[RunningJob], unflushed: Iterable[Outcome
             started = running.recorded_start()
             outcomes[job_id] = dataclasses.replace(running.outcome, started=started)
         elif running.started_wall is None:
-            outcomes[job_id] = Outcome(job_id, PENDING, refund=1, error=FORCED_EXIT_ERROR)
+            outcomes[job_id] = Outcome(
+                job_id, PENDING, refund=1, error=FORCED_EXIT_ERROR, unstarted=True
+            )
         else:
             outcomes[job_id] = retry_or_fail(running, FORCED_EXIT_ERROR, "", 0.0)
     return list(outcomes.values())

@@ -50,6 +50,9 @@ RATE_LIMITED = "SELECT EXISTS (SELECT 1 FROM pgqueue_rate_limits)"
 # cancellations alike. A job retried goes back to pending with no worker; a finished
 # one keeps the worker that ran it, for the record. The arrays go in binary (%b):
 # psycopg dumps lists of UUIDs and floats two to three times faster in binary than in text.
+# started: when a prefetched job's handler started (NULL: keep the claim's started_at);
+# NaN for a job handed back unstarted, which then has no start time at all (read back,
+# a start time that never happened would count against its rate limit's window).
 FINISH = f"""
 UPDATE pgqueue_jobs AS jobs
    SET status = o.status,
@@ -64,7 +67,8 @@ UPDATE pgqueue_jobs AS jobs
        last_error = COALESCE(o.error, jobs.last_error),
        last_traceback = COALESCE(o.traceback, jobs.last_traceback),
        result = o.result::jsonb,
-       started_at = COALESCE(to_timestamp(o.started), jobs.started_at)
+       started_at = CASE WHEN o.started = 'NaN' THEN NULL
+                         ELSE COALESCE(to_timestamp(o.started), jobs.started_at) END
   FROM unnest(%b::uuid[], %b::text[], %b::float8[], %b::int[], %b::text[], %b::text[],
               %b::text[], %b::float8[], %b::int[])
        AS o(id, status, delay, refund, error, traceback, result, started, snoozed)

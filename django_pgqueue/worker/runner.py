@@ -743,7 +743,7 @@ def _finish_params(outcomes: list[Outcome], worker_id: str) -> list[Any]:
         [o.error for o in outcomes],
         [o.traceback for o in outcomes],
         [o.result for o in outcomes],
-        [o.started for o in outcomes],
+        [math.nan if o.unstarted else o.started for o in outcomes],
         [o.snoozed for o in outcomes],
         worker_id,
     ]
