@@ -6,6 +6,7 @@ import functools
 import logging
 import operator
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 from typing import Any, ClassVar, Protocol, Self, TypeVar
 
 from django.contrib.postgres.functions import RandomUUID
@@ -469,6 +470,13 @@ class Job(JobsDatabaseModel):
 
     def __str__(self) -> str:
         return f"{self.job_type} [{self.status}] {self.id}"
+
+    @property
+    def attempt_started_at(self) -> datetime | None:
+        """When the current attempt's handler started; ``None`` while ``pending``: a job
+        waiting for its retry keeps the previous attempt's ``started_at`` until it is
+        claimed again."""
+        return None if self.status == JobStatus.PENDING else self.started_at
 
     @property
     def is_finished(self) -> bool:

@@ -12,7 +12,12 @@ from typing import cast
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
-from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+)
 from django.urls import reverse
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
@@ -30,13 +35,17 @@ class JobActions(JobAdminBase):
         permissions=["retry"], description=gettext_lazy("Retry selected failed or cancelled jobs")
     )
     def retry_jobs(self, request: HttpRequest, queryset: JobQuerySet) -> None:
-        selected = queryset.count()
-        changed = queryset.filter(status__in=RETRYABLE).retry()
+        # Counted in the retry's own transaction, with the eligible jobs locked: a worker
+        # failing a retried job again, after the commit, is not this action's doing.
+        with transaction.atomic(using=queryset.db):
+            selected = queryset.count()
+            eligible = len(queryset.filter(status__in=RETRYABLE).select_for_update().values("pk"))
+            changed = queryset.filter(status__in=RETRYABLE).retry()
         # What retry() left failed or cancelled: its unique key is held by an active job.
-        held = queryset.filter(status__in=RETRYABLE).count()
+        held = eligible - changed
         message = _(
             "Retry: %(changed)d changed, %(skipped)d skipped (not failed or cancelled)."
-        ) % {"changed": changed, "skipped": selected - changed - held}
+        ) % {"changed": changed, "skipped": selected - eligible}
         if held:
             held_message = _("%(held)d skipped (unique key held by an active job).")
             message += " " + held_message % {"held": held}
@@ -112,8 +121,10 @@ class JobActions(JobAdminBase):
         if not (self.has_view_permission(request) and self.has_retry_permission(request)):
             raise PermissionDenied
         job = self.get_object(request, object_id)
-        if action not in methods or job is None:
-            return HttpResponse(status=404)
+        if action not in methods:
+            return self._not_found(request, _("No job action “%s”.") % action)
+        if job is None:
+            return self._not_found(request, _("No job with id “%s”.") % object_id)
         # Job's manager builds JobQuerySets; the admin's get_queryset is typed as QuerySet.
         this_job = cast(JobQuerySet, self.get_queryset(request).filter(pk=job.pk))
         methods[action](request, this_job)

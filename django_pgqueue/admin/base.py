@@ -13,8 +13,12 @@ from typing import TYPE_CHECKING
 from django.contrib import admin, messages
 from django.core.paginator import Paginator
 from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.translation import gettext as _
 
 from ..models import RETRY_PERMISSION, Job
+from .formatting import TEMPLATES
 
 logger = logging.getLogger("django_pgqueue.admin")
 
@@ -43,6 +47,19 @@ class JobAdminBase(JobModelAdmin):
     def has_retry_permission(self, request: HttpRequest) -> bool:
         """May retry, cancel and run jobs now (``django_pgqueue.retry_job``)."""
         return request.user.has_perm(f"{self.opts.app_label}.{RETRY_PERMISSION}")
+
+    def _not_found(self, request: HttpRequest, message: str) -> TemplateResponse:
+        """The admin's page for a job, queue or action that does not exist (404)."""
+        site = self.admin_site.name
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Not found"),
+            "opts": self.opts,
+            "message": message,
+            "changelist_url": reverse(f"{site}:django_pgqueue_job_changelist"),
+            "overview_url": reverse(f"{site}:django_pgqueue_job_overview"),
+        }
+        return TemplateResponse(request, f"{TEMPLATES}/not_found.html", context, status=404)
 
     def _report(self, request: HttpRequest, message: str, changed: int) -> None:
         """Log a change made by the user and tell them (a warning when nothing changed)."""

@@ -18,9 +18,13 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from ..models import Job
+from ..schema import JobStatus
 from .base import JobModelAdmin
 from .formatting import TEMPLATES, display_datetime, json_pre, short_datetime, short_duration
 from .live import event_state, recent_events
+
+#: Characters of a job's id the changelist shows: its last ones, random in every id.
+SHORT_ID = 12
 
 
 class JobCells(JobModelAdmin):
@@ -37,7 +41,9 @@ class JobCells(JobModelAdmin):
 
     @admin.display(description=gettext_lazy("ID"), ordering="id")
     def short_id(self, job: Job) -> SafeString:
-        return format_html('<code title="{}">{}</code>', job.pk, str(job.pk)[:8])
+        # The end of the id: a version 7 UUID starts with its creation time, the same for
+        # every job of a minute, and ends with random bits that tell them apart.
+        return format_html('<code title="{}">…{}</code>', job.pk, str(job.pk)[-SHORT_ID:])
 
     @admin.display(description=gettext_lazy("status"), ordering="status")
     def status_badge(self, job: Job) -> SafeString:
@@ -95,7 +101,7 @@ class JobCells(JobModelAdmin):
 
     @admin.display(description=gettext_lazy("started at"), ordering="started_at")
     def started(self, job: Job) -> SafeString:
-        return self._time(job, "started", job.started_at, short=True)
+        return self._time(job, "started", job.attempt_started_at, short=True)
 
     @admin.display(description=gettext_lazy("completed at"), ordering="completed_at")
     def completed(self, job: Job) -> SafeString:
@@ -115,7 +121,7 @@ class JobCells(JobModelAdmin):
 
     @admin.display(description=gettext_lazy("started at"))
     def started_full(self, job: Job) -> SafeString:
-        return self._time(job, "started", job.started_at, short=False)
+        return self._time(job, "started", job.attempt_started_at, short=False)
 
     @admin.display(description=gettext_lazy("last heartbeat"))
     def heartbeat_full(self, job: Job) -> SafeString:
@@ -168,13 +174,19 @@ class JobCells(JobModelAdmin):
 
     @admin.display(description=gettext_lazy("durations"))
     def durations(self, job: Job) -> str:
+        now = timezone.now()
+        if job.status == JobStatus.PENDING:  # claimed_at and started_at: an earlier attempt
+            if job.run_at > now:
+                return _("due in %s") % short_duration(job.run_at - now)
+            return _("due %s ago, waiting for a worker") % short_duration(now - job.run_at)
         parts = []
         if job.claimed_at and job.run_at:
             waited = short_duration(job.claimed_at - job.run_at)
             parts.append(_("waited %s after it was due") % waited)
-        if job.started_at:
-            end = job.completed_at or timezone.now()
-            ran = short_duration(end - job.started_at)
+        started = job.attempt_started_at
+        if started:
+            end = job.completed_at or now
+            ran = short_duration(end - started)
             parts.append(_("ran %s") % ran if job.completed_at else _("running for %s") % ran)
         return "; ".join(parts)
 

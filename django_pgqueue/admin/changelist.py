@@ -11,19 +11,21 @@ from __future__ import annotations
 import json
 from typing import Any, cast
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
+from django.core.paginator import EmptyPage
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path
 from django.utils.functional import cached_property
+from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from ..models import Job
 from .actions import JobActions
 from .base import JobPaginator
 from .cells import JobCells
-from .filters import JobTypeFilter, QueueFilter, search_filter
+from .filters import JobTypeFilter, QueueFilter, SearchError, search_filter
 from .formatting import TEMPLATES
 from .live import LiveView
 from .overview import QueueOverview
@@ -43,13 +45,39 @@ class EstimatedCountPaginator(JobPaginator):
 
     @cached_property
     def count(self) -> int:
-        # The changelist paginates a queryset (Paginator's type allows any sequence).
-        queryset = cast("QuerySet[Job]", self.object_list).order_by()
-        exact: int = queryset[: self.exact_count_limit + 1].count()
+        exact: int = self._rows()[: self.exact_count_limit + 1].count()
         if exact <= self.exact_count_limit:
             return exact
         self.count_is_estimate = True
-        return max(planner_estimate(queryset), exact)
+        return max(planner_estimate(self._rows()), exact)
+
+    def validate_number(self, number: Any) -> int:
+        """As Django's, but an estimate never cuts pages off: a page past it that has
+        rows is valid, and the last page links to one more when rows follow it."""
+        try:
+            valid = super().validate_number(number)
+        except EmptyPage:
+            if not self.count_is_estimate:
+                raise
+            valid = int(number)
+            if not self._has_rows_from((valid - 1) * self.per_page):
+                raise
+        if self.count_is_estimate and valid >= self.num_pages:
+            reached = valid * self.per_page
+            self._set_count(max(self.count, reached + int(self._has_rows_from(reached))))
+        return valid
+
+    def _rows(self) -> QuerySet[Job]:
+        # The changelist paginates a queryset (Paginator's type allows any sequence).
+        return cast("QuerySet[Job]", self.object_list).order_by()
+
+    def _has_rows_from(self, offset: int) -> bool:
+        return self._rows()[offset : offset + 1].exists()
+
+    def _set_count(self, count: int) -> None:
+        self.__dict__["count"] = count
+        for derived in ("num_pages", "page_range"):  # cached from the count
+            self.__dict__.pop(derived, None)
 
 
 def planner_estimate(queryset: QuerySet[Any]) -> int:
@@ -173,7 +201,12 @@ class JobAdmin(JobCells, JobActions, LiveView, QueueOverview):
         term = search_term.strip()
         if not term:
             return queryset, False
-        condition = search_filter(term)
+        try:
+            condition = search_filter(term)
+        except SearchError as error:
+            message = _("Nothing can match the search “%(term)s”: %(reason)s.")
+            self.message_user(request, message % {"term": term, "reason": error}, messages.ERROR)
+            return queryset.none(), False
         if condition is None:
             return queryset.none(), False
         return queryset.filter(condition), False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from collections.abc import Iterable
 from typing import Any
@@ -11,7 +12,7 @@ from django.contrib import admin
 from django.db import connections
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest
-from django.utils.translation import gettext_lazy
+from django.utils.translation import gettext, gettext_lazy
 
 from .. import conf, registry
 from ..models import Job
@@ -45,11 +46,13 @@ class _ValuesFilter(admin.SimpleListFilter):
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         values = {*self.known_values(), *recent_values(self.column)}
         chosen = self.value()
-        if chosen:
+        if chosen and NUL not in chosen:
             values.add(chosen)
         return [(value, value) for value in sorted(values)]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        if NUL in (self.value() or ""):  # no queue or job type holds one
+            return queryset.none()
         if self.value():
             return queryset.filter(**{self.column: self.value()})
         return queryset
@@ -75,6 +78,56 @@ class JobTypeFilter(_ValuesFilter):
         return registry.registered_job_types()
 
 
+#: The one character PostgreSQL's text and jsonb cannot hold.
+NUL = "\x00"
+
+
+class SearchError(Exception):
+    """A search term that cannot match any job, with the reason to show staff."""
+
+
+def _reject_constant(name: str) -> Any:
+    raise SearchError(
+        gettext("%(value)s is not a JSON value PostgreSQL can store") % {"value": name}
+    )
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise SearchError(
+            gettext("%(value)s is beyond the JSON numbers PostgreSQL can store") % {"value": text}
+        )
+    return value
+
+
+def _refuse_nul(value: Any) -> None:
+    """Raise ``SearchError`` if a string in ``value`` (keys too) holds a NUL character."""
+    if isinstance(value, str):
+        texts: Iterable[Any] = [value]
+    elif isinstance(value, dict):
+        texts = [*value.keys(), *value.values()]
+    elif isinstance(value, list):
+        texts = value
+    else:
+        return
+    for text in texts:
+        if isinstance(text, str):
+            if NUL in text:
+                raise SearchError(gettext("PostgreSQL cannot store a NUL character (\\u0000)"))
+        else:
+            _refuse_nul(text)
+
+
+def _json_value(text: str) -> Any:
+    """``text`` as a JSON value jsonb can hold: ``ValueError`` when it is not JSON,
+    ``SearchError`` when it is JSON that jsonb refuses (NaN, Infinity, a number out of
+    range, a NUL character)."""
+    value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+    _refuse_nul(value)
+    return value
+
+
 def search_filter(term: str) -> Q | None:
     """The filter a changelist search term means; None when it can match nothing.
 
@@ -86,15 +139,17 @@ def search_filter(term: str) -> Q | None:
       ``unique_key``.
 
     ``data`` is matched with ``@>`` (containment), which the ``jsonb_path_ops`` GIN index
-    ``idx_jobs_data`` serves.
+    ``idx_jobs_data`` serves. A term PostgreSQL could not compare (a NUL character, or
+    JSON with NaN, Infinity or a number out of range) raises ``SearchError``.
     """
     try:
         return Q(pk=uuid.UUID(term))
     except ValueError:
         pass
+    _refuse_nul(term)
     if term.startswith("{"):
         try:
-            wanted = json.loads(term)
+            wanted = _json_value(term)
         except ValueError:
             return None
         return Q(data__contains=wanted) if isinstance(wanted, dict) else None
@@ -102,7 +157,7 @@ def search_filter(term: str) -> Q | None:
     key, raw = key.strip(), raw.strip()
     if equals and key:
         try:
-            value = json.loads(raw)
+            value = _json_value(raw)
         except ValueError:
             value = raw
         condition = Q(data__contains={key: value})

@@ -14,12 +14,13 @@ TEMPLATES = "django_pgqueue/admin/job"
 
 
 def short_duration(delta: timedelta | None) -> str:
-    """``4s``, ``3m 12s``, ``2h 5m``, ``3d 4h``."""
+    """``4.2s``, ``12s``, ``3m 12s``, ``2h 5m``, ``3d 4h``; never negative (``0.0s``)."""
     if delta is None:
         return ""
-    seconds = max(int(delta.total_seconds()), 0)
+    exact = max(delta.total_seconds(), 0.0)
+    seconds = int(exact)
     if seconds < 60:
-        return f"{delta.total_seconds():.1f}s" if seconds < 10 else f"{seconds}s"
+        return f"{exact:.1f}s" if seconds < 10 else f"{seconds}s"
     minutes, seconds = divmod(seconds, 60)
     if minutes < 60:
         return f"{minutes}m {seconds}s"

@@ -74,7 +74,7 @@ def live_state(job: Job) -> dict[str, Any]:
         "attempts": job.attempts,
         "max_attempts": job.max_attempts,
         "worker_id": job.worker_id,
-        "started_at": time_state(job.started_at),
+        "started_at": time_state(job.attempt_started_at),
         "completed_at": time_state(job.completed_at),
         "last_error": job.last_error,
         "events_count": job.events_count,

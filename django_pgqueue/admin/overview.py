@@ -12,7 +12,12 @@ from datetime import timedelta
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+)
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.http import urlencode
@@ -20,7 +25,7 @@ from django.utils.translation import gettext as _
 
 from .. import stats, validation
 from ..exceptions import InvalidArgumentError
-from ..queues import pause_queue, resume_queue
+from ..queues import known_queues, pause_queue, resume_queue
 from ..schema import JobStatus
 from ..stats import QueueStats, Snapshot, WorkerState, WorkerStats
 from .base import JobAdminBase
@@ -39,10 +44,16 @@ class QueueOverview(JobAdminBase):
             return HttpResponseNotAllowed(["POST"])
         if not (self.has_view_permission(request) and self.has_retry_permission(request)):
             raise PermissionDenied
+        if action not in ("pause", "resume"):
+            return self._not_found(request, _("No queue action “%s”.") % action)
         try:
             validation.queue(queue)
         except InvalidArgumentError:
-            return HttpResponse(status=404)
+            return self._not_found(request, _("No queue “%s”.") % queue)
+        if action == "pause" and not queue_exists(queue):
+            # Paused, it would show on the overview as a queue, and nothing would run it.
+            unknown = _("No queue “%s”: no job, job type, worker or setting names it.")
+            return self._not_found(request, unknown % queue)
         if action == "pause":
             changed = pause_queue(queue)
             message = (
@@ -57,8 +68,6 @@ class QueueOverview(JobAdminBase):
                 if changed
                 else _("Queue “%s” was not paused.")
             )
-        else:
-            return HttpResponse(status=404)
         self._report(request, message % queue, int(changed))
         return HttpResponseRedirect(reverse(f"{self.admin_site.name}:django_pgqueue_job_overview"))
 
@@ -100,6 +109,14 @@ class QueueOverview(JobAdminBase):
             "limit": queue.max_running,
             "queue_action": button if self.has_retry_permission(request) else None,
         }
+
+
+def queue_exists(name: str) -> bool:
+    """Whether anything names queue ``name``: the queues ``pgqueue_queue list`` shows,
+    or any job, finished ones too (the overview lists those)."""
+    return name in known_queues() or any(
+        queue.name == name for queue in stats.snapshot(totals=True).queues
+    )
 
 
 # The changelist's filter of the pending jobs held back by a per-key limit.

@@ -12,5 +12,10 @@ register = template.Library()
 
 @register.inclusion_tag("django_pgqueue/admin/job/pagination.html")
 def pgqueue_pagination(cl: Any) -> dict[str, Any]:
-    """Django's changelist pagination, saying "about" when the count is an estimate."""
-    return {**pagination(cl), "estimated": getattr(cl.paginator, "count_is_estimate", False)}
+    """Django's changelist pagination, saying "about" when the count is an estimate (the
+    paginator's, which grows as pages past the planner's estimate are reached)."""
+    return {
+        **pagination(cl),
+        "estimated": getattr(cl.paginator, "count_is_estimate", False),
+        "estimated_count": cl.paginator.count,
+    }
