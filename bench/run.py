@@ -527,6 +527,14 @@ class Bench:
     def each_run(self) -> Iterator[int]:
         yield from range(1, self.sizes.runs + 1)
 
+    def in_turn(self, run: int) -> list[Prepared]:
+        """The systems in the order of run ``run``: each run starts one system later, so
+        that no system always runs first (a drain leaves the server busier than it found
+        it for a moment: checkpoints, autovacuum, caches) and the ratios of one run carry
+        no bias of order."""
+        turn = (run - 1) % max(len(self.systems), 1)
+        return self.systems[turn:] + self.systems[:turn]
+
     def size(self, key: FigureKey, nominal: int, measure: Measure) -> int:
         """Jobs per run of figure ``key``: ``nominal``, unless a calibration run shows
         that the system needs far longer than the budget for it."""
@@ -563,7 +571,7 @@ class Bench:
     def enqueue(self, workload: str, command: str, nominal: int) -> None:
         pgqueue = self._pgqueue()
         for run in self.each_run():
-            for system in self.systems:
+            for system in self.in_turn(run):
                 self.throughput(
                     (system.spec.name, workload, ""),
                     run,
@@ -603,7 +611,7 @@ class Bench:
         """W3 (each run followed by the same run of W5, in the database with the finished
         rows: the W5 slowdown compares runs made side by side), or W6."""
         for run in self.each_run():
-            for system in self.systems:
+            for system in self.in_turn(run):
                 name = system.spec.name
                 layouts = list(system.layouts)
                 if workload not in self.sizes.every_layout:
@@ -651,7 +659,7 @@ class Bench:
         kept over the measured seconds, and the most starts in any second."""
         rate, seconds = self.sizes.w10_rate, self.sizes.w10_seconds
         for run in self.each_run():
-            for system in self.systems:
+            for system in self.in_turn(run):
                 name = system.spec.name
                 kept = self.results.figure(name, "W10", W10_LAYOUT)
                 peak = self.results.figure(name, "W10-peak", W10_LAYOUT)
@@ -671,7 +679,7 @@ class Bench:
 
     def latency(self) -> None:
         for run in self.each_run():
-            for system in self.systems:
+            for system in self.in_turn(run):
                 p50 = self.results.figure(system.spec.name, "W4-p50")
                 p99 = self.results.figure(system.spec.name, "W4-p99")
                 layout = next(iter(system.layouts))

@@ -148,3 +148,20 @@ def test_workloads_can_be_chosen_and_unknown_ones_are_refused() -> None:
     assert run.parse_args([]).workloads == set(run.WORKLOADS)
     with pytest.raises(SystemExit):
         run.parse_args(["--workloads", "W7"])
+
+
+def test_each_run_starts_with_the_next_system() -> None:
+    sys.path.insert(0, str(ROOT))
+    from bench import report, run
+
+    bench = run.Bench(report.Results(meta={}, systems=[], figures=[]), run.SMOKE)
+    bench.systems = ["ours", "before", "peer"]  # type: ignore[list-item]
+
+    orders = [bench.in_turn(number) for number in range(1, 5)]
+
+    assert orders == [
+        ["ours", "before", "peer"],
+        ["before", "peer", "ours"],
+        ["peer", "ours", "before"],
+        ["ours", "before", "peer"],
+    ]
