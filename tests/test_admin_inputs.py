@@ -231,7 +231,9 @@ def test_the_apps_not_found_pages_say_what_was_not_found(client, operator, url):
 
     assert response.status_code == 404
     assert response.content.strip(), "an empty 404 page"
-    assert "No " in response.content.decode()
+    content = response.content.decode()
+    assert '<p class="errornote">No ' in content
+    assert '<div class="breadcrumbs">' in content and reverse(CHANGELIST) in content
 
 
 def test_a_nul_in_a_queue_action_is_not_found(client, operator):
