@@ -11,7 +11,8 @@ DROP_CLAIM = (
 
 class Migration(migrations.Migration):
     # The marks of full windows, indexed by scope first, and the claim that reads them
-    # through that index (version 7). Every claim and wake-up query reads "scope = 'key'
+    # through that index (version 7, which also releases the held jobs of per-key rates
+    # and claims in one statement while no limit exists: claim_job_batch_v7.sql). Every claim and wake-up query reads "scope = 'key'
     # AND full_until > now"; with the index on full_until alone, the planner (misled by
     # the statistics of a log that grows by a hundred rows a claim, and in the claim by
     # version 6's DISTINCT under enable_sort = off) read every key's starts through the

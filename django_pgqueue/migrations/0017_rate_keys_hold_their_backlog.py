@@ -2,11 +2,6 @@ from django.db import migrations
 
 from django_pgqueue.sqlfiles import read_sql
 
-# Versions 7 and 8 of the claim share a signature: the same DROP goes first, either way.
-DROP_CLAIM = (
-    "DROP FUNCTION claim_job_batch(text, text[], integer, text[], boolean, integer, "
-    "double precision);"
-)
 # Back to version 1 of the per-key functions: dropped, then created as that file has it.
 DROP_KEY_LIMITS_V2 = (
     "DROP FUNCTION pgqueue_release_held_jobs(); "
@@ -17,10 +12,9 @@ DROP_KEY_LIMITS_V2 = (
 
 class Migration(migrations.Migration):
     # Keys under a per-key rate keep their due backlog beyond a window's worth out of
-    # the claim index, as keys under a concurrency limit do (key_limits_v2.sql), and the
-    # claim releases their held jobs (version 8). In one transaction: a claimer sees
-    # either both or neither. Jobs already pending stay visible until the sweep of a
-    # worker's recovery loop holds the excess.
+    # the claim index, as keys under a concurrency limit do (key_limits_v2.sql); claim
+    # version 7 (migration 0015) releases their held jobs. Jobs already pending stay
+    # visible until the sweep of a worker's recovery loop holds the excess.
 
     dependencies = [
         ("django_pgqueue", "0016_rate_hand_back"),
@@ -31,6 +25,4 @@ class Migration(migrations.Migration):
             sql=read_sql("key_limits_v2.sql"),
             reverse_sql=DROP_KEY_LIMITS_V2 + read_sql("key_limits_v1.sql"),
         ),
-        migrations.RunSQL(sql=DROP_CLAIM, reverse_sql=read_sql("claim_job_batch_v7.sql")),
-        migrations.RunSQL(sql=read_sql("claim_job_batch_v8.sql"), reverse_sql=DROP_CLAIM),
     ]

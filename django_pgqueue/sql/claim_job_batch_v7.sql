@@ -1,5 +1,6 @@
 -- claim_job_batch, version 7: as version 6 (the same signature), with the marks of
--- full windows read through their index.
+-- full windows read through their index, the held jobs of per-key rates released, and
+-- a path of its own for a database without limits.
 --
 -- * Before its walk, the claim reads the marks of full per-key windows ahead of now.
 --   Version 6 collected their names with array_agg(DISTINCT ...); under the function's
@@ -7,9 +8,22 @@
 --   the sort, and read every key's starts of the last period and a minute (ten
 --   thousand rows with a thousand keys at 10 a second) to find the few marks. Without
 --   DISTINCT, the marks come from idx_rate_starts_marks (scope, full_until; migration
---   0015), the rows of the full windows only.
+--   0015), the rows of the full windows only. A key marked twice is named twice.
+-- * Since key_limits_v2.sql, a key under a per-key rate keeps only its visible places
+--   of due jobs in the claim index (its rate's jobs per window, at most 100), the rest
+--   held, as a key under a concurrency limit does. A claim that takes jobs of such keys
+--   releases their next held jobs: version 6 did so only while a per-key concurrency
+--   limit existed.
+-- * While no concurrency limit and no rate limit exists, the claim is one statement:
+--   the walk locks the due rows and the same statement updates them by their ctid.
+--   Version 6 collected the candidates' ids into an array, then updated the rows whose
+--   id was in it (an index probe each), then went through the bookkeeping that limits
+--   need. Measured with pg_stat_statements over W3 drains, a claim of 100 unlimited
+--   jobs had grown from 1.44 ms (version 2, before flow control) to 1.53 ms; this
+--   path takes 1.48 ms. A row locked by the walk cannot move before the update of the
+--   same statement, so its ctid names it.
 --
--- Everything else is version 6's: see claim_job_batch_v6.sql.
+-- Everything else is version 6's: see claim_job_batch_v6.sql and the versions before.
 CREATE FUNCTION claim_job_batch(
     p_worker_id text,
     p_job_types text[],
@@ -82,6 +96,37 @@ BEGIN
       INTO v_paused, v_limited, v_keyed, v_rated;
     IF v_rated THEN
         v_rated_keys := EXISTS (SELECT 1 FROM pgqueue_rate_limits WHERE scope = 'key');
+    END IF;
+
+    -- No limit of any kind: one statement walks and claims, the rows it locked updated
+    -- by their ctid (no array of candidates, no second look-up of each row by id).
+    IF NOT v_limited AND NOT v_rated THEN
+        RETURN QUERY
+        WITH due AS (
+            SELECT ctid
+              FROM pgqueue_jobs
+             WHERE status = 'pending'
+               AND NOT held
+               AND run_at <= now()
+               AND (p_queues IS NULL OR queue = ANY (p_queues))
+               AND (p_job_types IS NULL OR job_type = ANY (p_job_types))
+               AND (v_paused IS NULL OR queue <> ALL (v_paused))
+             ORDER BY priority DESC, run_at, created_at
+             LIMIT p_batch_size
+             FOR UPDATE SKIP LOCKED
+        )
+        UPDATE pgqueue_jobs AS jobs
+           SET status = CASE WHEN p_start THEN 'running' ELSE 'claimed' END,
+               worker_id = p_worker_id,
+               claimed_at = now(),
+               started_at = CASE WHEN p_start THEN now() ELSE jobs.started_at END,
+               heartbeat_at = now(),
+               attempts = jobs.attempts + 1,
+               worker_ids = jobs.worker_ids || to_jsonb(p_worker_id)
+          FROM due
+         WHERE jobs.ctid = due.ctid
+        RETURNING jobs.*;
+        RETURN;
     END IF;
     -- A key is named job_type, newline, concurrency_key: job types have no newline.
 
@@ -373,8 +418,9 @@ BEGIN
             v_claimed_rated := true;
         END IF;
 
-        -- The claimed jobs of keys leave room for their keys' held jobs (key_limits_v1.sql).
-        IF v_keyed AND v_keep IS NOT NULL THEN
+        -- The claimed jobs of keys leave room for their keys' held jobs (key_limits_v2.sql),
+        -- under per-key concurrency limits or per-key rates.
+        IF (v_keyed OR COALESCE(v_rated_keys, false)) AND v_keep IS NOT NULL THEN
             PERFORM pgqueue_release_held_keys(array_agg(claimed.job_type),
                                               array_agg(claimed.concurrency_key))
                FROM pgqueue_jobs AS claimed
