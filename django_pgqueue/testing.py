@@ -25,6 +25,7 @@ from typing import Any
 
 from django.core import mail
 from django.core.exceptions import ImproperlyConfigured
+from django.db.models import QuerySet
 
 from . import conf, signals
 from .models import Job
@@ -52,14 +53,14 @@ def enqueued_jobs(
     _require_test_environment()
     if data is not None and not isinstance(data, dict):
         raise TypeError(f"data must be a dict of what the payload contains, got {data!r}")
-    jobs = Job.objects.using(conf.jobs_database(using)).filter(status=JobStatus.PENDING)
+    jobs = _pending(using)
     if job_type is not None:
         jobs = jobs.filter(job_type=job_type)
     if queue is not None:
         jobs = jobs.filter(queue=queue)
     if data is not None:
         jobs = jobs.filter(data__contains=data)
-    return list(jobs.order_by("created_at", "id"))
+    return list(jobs)
 
 
 def assert_enqueued(
@@ -135,12 +136,14 @@ def _criteria(job_type: str | None, data: dict[str, Any] | None, queue: str | No
     return shown or "anything"
 
 
+def _pending(using: str | None) -> QuerySet[Job]:
+    """Every pending job of the jobs database, oldest first."""
+    jobs = Job.objects.using(conf.jobs_database(using)).filter(status=JobStatus.PENDING)
+    return jobs.order_by("created_at", "id")
+
+
 def _pending_list(using: str | None) -> str:
-    pending = list(
-        Job.objects.using(conf.jobs_database(using))
-        .filter(status=JobStatus.PENDING)
-        .order_by("created_at", "id")[: LISTED + 1]
-    )
+    pending = list(_pending(using)[: LISTED + 1])
     if not pending:
         return "No job is pending."
     lines = [f"  {job.job_type} queue={job.queue!r} data={job.data!r}" for job in pending[:LISTED]]
