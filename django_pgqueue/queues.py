@@ -17,7 +17,7 @@ from django.db import connections, transaction
 
 from . import conf, registry, stats, validation
 from .limits import stored_limits
-from .models import LimitScope, _notify
+from .models import LimitScope, notify_queues
 
 logger = logging.getLogger("django_pgqueue.queues")
 
@@ -88,7 +88,7 @@ def resume_queue(name: str, *, using: str | None = None) -> bool:
         )
         changed = cursor.fetchone() is not None
         if changed:
-            _notify(alias, [name])
+            notify_queues(alias, [name])
     if changed:
         logger.info("queue %s resumed", name)
     return changed

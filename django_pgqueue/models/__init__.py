@@ -1,0 +1,37 @@
+"""The app's models, on the jobs database: jobs and their events, the dependencies of
+workflow steps, and the tables of running the queue."""
+
+# The states live in schema (with their sets); importable from here too, beside the model.
+from ..schema import JobStatus as JobStatus
+from .base import JobsDatabaseManager as JobsDatabaseManager
+from .base import JobsDatabaseModel as JobsDatabaseModel
+from .jobs import RETRY_PERMISSION as RETRY_PERMISSION
+from .jobs import Job, JobEvent
+from .operations import (
+    ConcurrencyLimit,
+    PeriodicTick,
+    QueueState,
+    RateLimit,
+    RateLimitStart,
+    WorkerRecord,
+)
+from .operations import (
+    LimitScope as LimitScope,
+)
+from .operations import (
+    RateLimitScope as RateLimitScope,
+)
+from .transitions import JobQuerySet
+from .transitions import notify_queues as notify_queues
+
+__all__ = [
+    "ConcurrencyLimit",
+    "Job",
+    "JobEvent",
+    "JobQuerySet",
+    "PeriodicTick",
+    "QueueState",
+    "RateLimit",
+    "RateLimitStart",
+    "WorkerRecord",
+]

@@ -1,0 +1,176 @@
+"""``JobQuerySet``: the state transitions that apply to many jobs at once."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from django.db import IntegrityError, connections, models, transaction
+from django.db.models import Exists, ExpressionWrapper, OuterRef, Q
+from django.db.models.functions import Now
+
+from .. import conf
+from ..due import not_yet_due_q
+from ..exceptions import PgQueueError
+from ..held import release_keys
+from ..schema import ACTIVE, IN_FLIGHT, RETRYABLE, JobStatus
+
+if TYPE_CHECKING:
+    from .jobs import Job
+
+logger = logging.getLogger("django_pgqueue.models")
+
+
+#: ``retry()`` runs its update again at most this many times when new jobs take the keys.
+UNIQUE_RETRY_ROUNDS = 10
+
+
+class JobQuerySet(models.QuerySet["Job"]):
+    """State transitions that apply to many jobs at once; each returns the rows changed.
+
+    The query set of ``Job.objects``. ``retry()`` and ``run_now()``, when they changed
+    any row and ``PGQUEUE["NOTIFY"]`` is ``True``, also send a ``NOTIFY`` on
+    ``PGQUEUE["NOTIFY_CHANNEL"]`` for each queue of the jobs they made due, like
+    ``enqueue()`` does: PostgreSQL delivers it when the transaction commits, and idle
+    workers serving those queues pick the jobs up at once instead of at their next poll.
+    """
+
+    def cancel(self) -> int:
+        """Cancel pending jobs at once and ask workers to stop claimed or running ones.
+
+        Returns how many jobs were cancelled or had cancellation requested.
+
+        The selected ``pending`` jobs become ``cancelled`` (``completed_at`` set); the
+        selected ``claimed`` and ``running`` jobs that have no request yet get
+        ``cancel_requested_at`` set. The result is the sum of both counts. Finished jobs
+        are not touched. See [Cancel jobs](../how-to/cancel.md).
+
+        Cancelling jobs of a [per-key limit](../how-to/per-key-concurrency.md) releases
+        held jobs of their keys to take their places.
+        """
+        pending = self.filter(status=JobStatus.PENDING)
+        keys = _keys_of(pending)
+        cancelled = pending.update(status=JobStatus.CANCELLED, completed_at=Now(), held=False)
+        if cancelled and keys:
+            release_keys(_write_db(self), keys)
+        requested = self.filter(status__in=IN_FLIGHT, cancel_requested_at__isnull=True).update(
+            cancel_requested_at=Now()
+        )
+        return cancelled + requested
+
+    def retry(self) -> int:
+        """Put failed or cancelled jobs back to pending, due now, with attempts reset.
+
+        A job whose ``unique_key`` is held by an active job stays as it is, and so do all
+        but the newest of several selected jobs sharing a key: those are skipped (and
+        logged), never an ``IntegrityError``. Returns the number of jobs retried.
+
+        Jobs with a [concurrency key](../how-to/per-key-concurrency.md) come back held,
+        and as many as their keys have room for are released at once, as at enqueue.
+
+        The selected ``failed`` and ``cancelled`` jobs get ``attempts`` 0, ``snoozes`` 0,
+        ``progress`` 0, ``worker_ids`` ``[]``, and ``worker_id``, ``claimed_at``,
+        ``started_at``, ``heartbeat_at``, ``completed_at`` and ``cancel_requested_at``
+        cleared. Other jobs are not touched. Sends a ``NOTIFY`` for their queues (see above).
+
+        Skipped jobs (they stay ``failed`` or ``cancelled``) are not counted in the result
+        and are logged at ``WARNING`` on ``django_pgqueue.models``: a retry never breaks
+        the one-active-job-per-key rule. The update runs in a savepoint and is repeated
+        when a job with one of the keys is enqueued concurrently (after 10 such rounds,
+        ``PgQueueError``).
+        """
+        eligible = self.filter(status__in=RETRYABLE)
+        queues = _queues_of(eligible)
+        using = _write_db(self)
+        held = self.model.objects.filter(unique_key=OuterRef("unique_key"), status__in=ACTIVE)
+        # One job per free key: the newest. DISTINCT ON keeps its ORDER BY in a subquery.
+        free = (
+            eligible.filter(unique_key__isnull=False)
+            .filter(~Exists(held))
+            .order_by("unique_key", "-created_at", "-id")
+            .distinct("unique_key")
+            .values("pk")
+        )
+        retryable = eligible.filter(Q(unique_key__isnull=True) | Q(pk__in=free))
+        keys = _keys_of(retryable)
+        for _round in range(UNIQUE_RETRY_ROUNDS):
+            try:
+                # A savepoint: a job enqueued with one of the keys meanwhile (committed
+                # after this statement's snapshot) violates the unique index; run again.
+                with transaction.atomic(using=using):
+                    changed = retryable.update(
+                        status=JobStatus.PENDING,
+                        attempts=0,
+                        snoozes=0,
+                        run_at=Now(),
+                        worker_id=None,
+                        claimed_at=None,
+                        started_at=None,
+                        heartbeat_at=None,
+                        completed_at=None,
+                        cancel_requested_at=None,
+                        progress=0,
+                        worker_ids=[],
+                        held=ExpressionWrapper(
+                            Q(concurrency_key__isnull=False), output_field=models.BooleanField()
+                        ),
+                    )
+                break
+            except IntegrityError:
+                continue
+        else:
+            raise PgQueueError(
+                "retry: unique keys of the selected jobs kept being taken by new jobs; try again"
+            )
+        skipped = eligible.filter(unique_key__isnull=False).count()
+        if skipped:
+            logger.warning(
+                "retry skipped %d job(s) whose unique_key is held by an active job "
+                "(or by a newer selected job with the same key)",
+                skipped,
+            )
+        if changed and keys:
+            release_keys(using, keys)
+        notify_queues(using, queues if changed else [])
+        return changed
+
+    def run_now(self) -> int:
+        """Make delayed pending jobs due immediately.
+
+        The selected ``pending`` jobs whose ``run_at`` is in the future; sends a ``NOTIFY``
+        for their queues (see above).
+        """
+        eligible = self.filter(not_yet_due_q(), status=JobStatus.PENDING)
+        queues = _queues_of(eligible)
+        changed = eligible.update(run_at=Now())
+        notify_queues(_write_db(self), queues if changed else [])
+        return changed
+
+
+def _keys_of(jobs: models.QuerySet[Job]) -> list[tuple[str, str]]:
+    """The ``(job_type, concurrency_key)`` keys of the selected jobs that have one."""
+    keyed = jobs.using(_write_db(jobs)).filter(concurrency_key__isnull=False).order_by()
+    pairs = keyed.values_list("job_type", "concurrency_key").distinct()
+    return [(job_type, key) for job_type, key in pairs if key is not None]
+
+
+def _queues_of(jobs: models.QuerySet[Job]) -> list[str]:
+    # Read where the update will write: a read replica may lag behind.
+    return list(jobs.using(_write_db(jobs)).order_by().values_list("queue", flat=True).distinct())
+
+
+def _write_db(jobs: models.QuerySet[Job]) -> str:
+    # _db: the alias the caller chose with using() (None: the router's); not in django-stubs.
+    return conf.jobs_database(jobs._db)  # type: ignore[attr-defined]
+
+
+def notify_queues(using: str, queues: list[str]) -> None:
+    """Wake idle workers of ``queues`` (on commit, like ``enqueue`` does)."""
+    settings = conf.get_settings()
+    if not queues or not settings.NOTIFY:
+        return
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_notify(%s, queue) FROM unnest(%s::text[]) AS queue",
+            [settings.NOTIFY_CHANNEL, queues],
+        )
