@@ -19,16 +19,17 @@ from .exceptions import (
     RetryJob,
     Snooze,
 )
-from .options import JobSpec
+from .options import Dependency, JobSpec
 from .registry import job
 
 if TYPE_CHECKING:
     from .models import Job
     from .queues import pause_queue, resume_queue
-    from .schema import JobStatus
+    from .schema import JobStatus, OnDependencyFailure
 
 __all__ = [
     "Backoff",
+    "Dependency",
     "DuplicateJobError",
     "FailJob",
     "InvalidJobError",
@@ -36,6 +37,7 @@ __all__ = [
     "JobCancelled",
     "JobSpec",
     "JobStatus",
+    "OnDependencyFailure",
     "PgQueueError",
     "RetryJob",
     "Snooze",
@@ -52,6 +54,7 @@ __version__ = "0.1.0.dev0"
 _LAZY = {
     "Job": ("models", "Job"),
     "JobStatus": ("schema", "JobStatus"),
+    "OnDependencyFailure": ("schema", "OnDependencyFailure"),
     "pause_queue": ("queues", "pause_queue"),
     "resume_queue": ("queues", "resume_queue"),
 }

@@ -71,6 +71,7 @@ PRIORITY_OFFSET = 100
 #: How each job status reads as a task status. Cancelled jobs read as FAILED (they did
 #: not succeed and will not run); a pending job waiting for a retry reads as READY.
 STATUS_MAP: Mapping[str, str] = {
+    JobStatus.WAITING: TaskResultStatus.READY,
     JobStatus.PENDING: TaskResultStatus.READY,
     JobStatus.CLAIMED: TaskResultStatus.RUNNING,
     JobStatus.RUNNING: TaskResultStatus.RUNNING,

@@ -65,7 +65,11 @@ def check_routing(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
         return []  # reported by check_settings
     misrouted = [
         f"{way} of {model._meta.label} to {db!r}"
-        for model in apps.get_app_config("django_pgqueue").get_models()
+        # Job first: the model a reader knows, whatever order the models load in.
+        for model in sorted(
+            apps.get_app_config("django_pgqueue").get_models(),
+            key=lambda model: model._meta.model_name != "job",
+        )
         for way, db in (
             ("reads", router.db_for_read(model)),
             ("writes", router.db_for_write(model)),

@@ -33,11 +33,30 @@ from .inserts import (
 from .jobrows import PLAIN_FIELDS, JobRow, prepare, prepared_rows
 from .options import ENQUEUE_KEYS, EnqueueOptions, JobSpec, OnDuplicate, check_keys
 from .unique import enqueue_many_unique, enqueue_unique
+from .workflows.insert import enqueue_graph
 
 if TYPE_CHECKING:
     from .models import Job
 
 __all__ = ["enqueue", "enqueue_many"]
+
+
+def _depends_on_field(index: int) -> str:
+    return "depends_on"
+
+
+def _check_no_index(row: JobRow) -> None:
+    for position, item in enumerate(row.depends_on or ()):
+        if isinstance(item.target, int):
+            raise InvalidJobError(
+                f"depends_on[{position}]",
+                f"{item.target} is an index, which names a spec of enqueue_many(); "
+                "enqueue() takes Jobs and job ids",
+            )
+
+
+def _spec_depends_on_field(index: int) -> str:
+    return f"specs[{index}].depends_on"
 
 
 def _check_on_duplicate(value: Any) -> None:
@@ -136,6 +155,9 @@ def enqueue(
         check_keys(options, ENQUEUE_KEYS, "enqueue()")
     row = prepare(job_type, data, options)
     alias = conf.jobs_database(using)
+    if row.depends_on is not None:
+        _check_no_index(row)
+        return enqueue_graph([row], alias, _depends_on_field)[0]
     if row.held:
         # A due job with a key is inserted held and its key released, in one transaction.
         with transaction.atomic(using=alias):
@@ -227,7 +249,7 @@ def enqueue_many(
     if not rows:
         return []
     alias = conf.jobs_database(using)
-    if not any(row.unique_key is not None for row in rows):
+    if not any(row.unique_key is not None or row.depends_on is not None for row in rows):
         try:
             jobs = insert_plain_many(rows, prepared, alias)
         except KeyedRowFound as found:
@@ -236,6 +258,8 @@ def enqueue_many(
             send_enqueued(jobs)
             return jobs
     rows.extend(prepared)
+    if any(row.depends_on is not None for row in rows):
+        return enqueue_graph(rows, alias, _spec_depends_on_field)
     if any(row.held for row in rows):
         # Held rows are released in the same transaction as their insert.
         with transaction.atomic(using=alias):

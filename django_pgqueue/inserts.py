@@ -243,8 +243,9 @@ COPY_PART_ROWS = 1000
 
 
 class KeyedRowFound(Exception):
-    """A spec with a unique key came up while a batch was streamed as plain jobs: the
-    stream is abandoned (rolled back) and the batch takes the unique insert instead."""
+    """A spec with a unique key or dependencies came up while a batch was streamed as
+    plain jobs: the stream is abandoned (rolled back) and the batch takes the unique
+    insert, or the insert of a workflow, instead."""
 
     def __init__(self, rows: list[JobRow]) -> None:
         super().__init__("a spec with a unique_key needs the unique insert")
@@ -300,7 +301,7 @@ def _copy_rows(first: list[JobRow], more: Iterator[JobRow], using: str) -> list[
             part = first
             while part:
                 part_times = [
-                    (clock + (len(times) + index) * one_us, _run_at(row, now))
+                    (clock + (len(times) + index) * one_us, run_at_of(row, now))
                     for index, row in enumerate(part)
                 ]
                 times.extend(part_times)
@@ -309,7 +310,7 @@ def _copy_rows(first: list[JobRow], more: Iterator[JobRow], using: str) -> list[
                 # with an error, and the caller's transaction rolls back what was sent.
                 part = list(itertools.islice(more, COPY_PART_ROWS))
                 rows.extend(part)
-                if any(row.unique_key is not None for row in part):
+                if any(row.unique_key is not None or row.depends_on is not None for row in part):
                     raise KeyedRowFound(rows)
             # Built while the server inserts the last part; returned only if the COPY ends well.
             jobs = _built(rows, times, using)
@@ -398,7 +399,7 @@ def _copy_line(row: JobRow, times: tuple[datetime, datetime], now_text: str) -> 
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 
 
-def _run_at(row: JobRow, now: datetime) -> datetime:
+def run_at_of(row: JobRow, now: datetime) -> datetime:
     if row.run_at is not None:
         return row.run_at
     if not row.delay:

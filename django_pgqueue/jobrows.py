@@ -14,12 +14,15 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 from typing import Any, NamedTuple
 
+from django.db.models import Model
+
 from . import conf, registry, validation
 from .exceptions import InvalidJobError
-from .options import SPEC_KEYS, JobSpec
+from .options import SPEC_KEYS, Dependency, JobSpec
+from .schema import OnDependencyFailure
 
 
-def _new_job_id() -> uuid.UUID:
+def new_job_id() -> uuid.UUID:
     """A UUID version 7 (RFC 9562): milliseconds since the epoch, then 74 random bits.
 
     Ids that grow with time land at the right-hand end of the primary key's B-tree
@@ -55,6 +58,11 @@ class JobRow(NamedTuple):
     unique_key: str | None
     #: Seconds: a job with the key enqueued this recently holds it, finished or not.
     unique_for: float | None = None
+    #: What it waits for (``depends_on``), validated but not yet looked up; ``None``:
+    #: nothing. Each item: a job id or a spec's index, and its own failure policy.
+    depends_on: tuple[DependencyItem, ...] | None = None
+    #: The failure policy of the items without their own.
+    on_dependency_failure: str = OnDependencyFailure.CANCEL.value
 
     @property
     def undelayed(self) -> bool:
@@ -66,8 +74,21 @@ class JobRow(NamedTuple):
         return self.run_at is None and not self.delay
 
 
-# The fields the plain inserts (INSERT_ONE, COPY) take: all but the unique ones.
-PLAIN_FIELDS = len(JobRow._fields) - 2
+# The fields the plain inserts (INSERT_ONE, COPY) take: those before the unique key.
+PLAIN_FIELDS = JobRow._fields.index("unique_key")
+# The fields the unique inserts take: those through the unique key.
+UNIQUE_FIELDS = JobRow._fields.index("unique_for")
+
+
+class DependencyItem(NamedTuple):
+    """One validated item of ``depends_on``: what it names, and its own policy."""
+
+    #: A job id, or (in ``enqueue_many``) the index of another spec.
+    target: uuid.UUID | int
+    #: ``"cancel"`` or ``"run"``; ``None``: the dependent job's ``on_dependency_failure``.
+    on_failure: str | None
+    #: The database alias of the ``Job`` it was given as (``None``: an id or index).
+    database: str | None
 
 
 class _Resolved(NamedTuple):
@@ -163,7 +184,7 @@ def prepare(
     if run_at is not None and delay is not None:
         raise InvalidJobError(f"{prefix}run_at", "give run_at or delay, not both")
     row = JobRow(  # in field order, positional: cheaper than keywords
-        _new_job_id(),
+        new_job_id(),
         resolved.name,
         resolved.queue,
         resolved.priority,
@@ -175,6 +196,9 @@ def prepare(
         False,
         None,
     )
+    depends_on, on_failure = get("depends_on"), get("on_dependency_failure")
+    if depends_on is not None or on_failure is not None:
+        row = _with_dependencies(row, depends_on, on_failure, prefix)
     definition = resolved.definition
     if definition is not None and definition.key is not None:
         row = row._replace(
@@ -193,6 +217,12 @@ def prepare(
                 "needs a unique_key: give one, or a default with @job(unique_key=...)",
             )
         return row
+    if row.depends_on is not None:
+        raise InvalidJobError(
+            f"{prefix}unique_key",
+            "a job with depends_on cannot have a unique key (given, or the default of "
+            "its job type): enqueue the job without one",
+        )
     if unique_for is not None:
         unique_for = validation.unique_window(unique_for, f"{prefix}unique_for")
     elif definition is not None:
@@ -200,6 +230,75 @@ def prepare(
     return row._replace(
         unique_key=validation.unique_key(unique_key, f"{prefix}unique_key"), unique_for=unique_for
     )
+
+
+#: The most jobs one job may depend on.
+MAX_DEPENDENCIES = 100_000
+
+
+def _with_dependencies(row: JobRow, depends_on: Any, on_failure: Any, prefix: str) -> JobRow:
+    """``row`` with its validated ``depends_on`` and ``on_dependency_failure``."""
+    policy = OnDependencyFailure.CANCEL.value
+    if on_failure is not None:
+        policy = _policy(on_failure, f"{prefix}on_dependency_failure")
+    if depends_on is None:
+        raise InvalidJobError(f"{prefix}on_dependency_failure", "needs depends_on")
+    items = dependency_items(depends_on, f"{prefix}depends_on")
+    return row._replace(depends_on=items or None, on_dependency_failure=policy)
+
+
+def _policy(value: Any, field: str) -> str:
+    if value not in OnDependencyFailure.values:
+        raise InvalidJobError(field, f"must be 'cancel' or 'run', got {value!r}")
+    return str(value)
+
+
+def dependency_items(value: Any, field: str) -> tuple[DependencyItem, ...]:
+    """``depends_on`` as items, in order, each job once; ``InvalidJobError`` naming the
+    first bad one (``field[i]``)."""
+    if isinstance(value, (str, uuid.UUID, int, Dependency, Model)):
+        value = [value]
+    elif isinstance(value, Mapping) or not isinstance(value, Iterable):
+        raise InvalidJobError(
+            field, f"must be a list of jobs, job ids or Dependency objects, got {value!r}"
+        )
+    items: dict[uuid.UUID | int, DependencyItem] = {}
+    for index, ref in enumerate(value):
+        if len(items) >= MAX_DEPENDENCIES:
+            raise InvalidJobError(field, f"more than {MAX_DEPENDENCIES:,} dependencies")
+        item = _dependency_item(ref, f"{field}[{index}]")
+        earlier = items.setdefault(item.target, item)
+        if earlier.on_failure != item.on_failure:
+            raise InvalidJobError(
+                f"{field}[{index}]",
+                f"names {item.target} again with another on_failure; give it once",
+            )
+    return tuple(items.values())
+
+
+def _dependency_item(ref: Any, field: str) -> DependencyItem:
+    on_failure = None
+    if isinstance(ref, Dependency):
+        if ref.on_failure is not None:
+            on_failure = _policy(ref.on_failure, f"{field}.on_failure")
+        ref = ref.job
+    if isinstance(ref, Model):
+        concrete = ref._meta.concrete_model
+        if concrete is None or concrete._meta.label != "django_pgqueue.Job":
+            raise InvalidJobError(field, f"must be a Job, got a {type(ref).__name__}")
+        if ref._state.adding:
+            raise InvalidJobError(field, "is a Job that was never saved; enqueue it first")
+        return DependencyItem(ref.pk, on_failure, ref._state.db)
+    if isinstance(ref, uuid.UUID):
+        return DependencyItem(ref, on_failure, None)
+    if isinstance(ref, str):
+        try:
+            return DependencyItem(uuid.UUID(ref), on_failure, None)
+        except ValueError:
+            raise InvalidJobError(field, f"is not a job id: {ref!r}") from None
+    if isinstance(ref, int) and not isinstance(ref, bool):
+        return DependencyItem(ref, on_failure, None)
+    raise InvalidJobError(field, f"must be a Job, a job id or the index of a spec, got {ref!r}")
 
 
 def _default_key(definition: registry.JobDefinition, data: Any, field: str) -> Any:

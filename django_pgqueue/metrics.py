@@ -121,6 +121,7 @@ def _queue_metrics(snapshot: stats.Snapshot) -> Iterator[Metric]:
     )
     for queue in snapshot.queues:
         held = (
+            (JobStatus.WAITING.value, queue.waiting),
             (JobStatus.PENDING.value, queue.pending),
             (SCHEDULED, queue.scheduled),
             (JobStatus.CLAIMED.value, queue.claimed),

@@ -10,11 +10,16 @@ types through ``Unpack``; at run time a key that is not declared raises ``TypeEr
 
 # No "from __future__ import annotations": TypedDict must see Required at run time.
 
-from collections.abc import Callable, Mapping
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal, Required, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, Required, TypedDict, Union
 
 from .backoff import Backoff
+
+if TYPE_CHECKING:
+    from .models import Job
 
 #: How long to wait before retry number ``attempt``: a ``Backoff``, or a callable.
 RetryBackoff = Backoff | Callable[[int], float]
@@ -23,6 +28,34 @@ UniqueKey = str | Callable[[dict[str, Any]], str | None]
 #: The key of a per-key limit: a path into the payload (``"tenant_id"``,
 #: ``"customer.id"``), or ``callable(data) -> str``.
 ConcurrencyKey = str | Callable[[dict[str, Any]], str]
+
+
+#: What a job does when a job it depends on fails for good or is cancelled (see
+#: [`OnDependencyFailure`][django_pgqueue.OnDependencyFailure]).
+DependencyFailure = Literal["cancel", "run"]
+
+
+@dataclass(frozen=True, slots=True)
+class Dependency:
+    """One job to wait for, with its own failure policy: an item of ``depends_on``.
+
+    ```python
+    enqueue("report", depends_on=[fetch, Dependency(enrich, on_failure="run")])
+    ```
+
+    Also ``django_pgqueue.Dependency``. ``job`` is what ``depends_on`` takes directly: a
+    ``Job``, its id (a ``UUID`` or its text), or in ``enqueue_many`` the index of
+    another spec. ``on_failure``: ``"cancel"`` or ``"run"``; ``None`` takes the
+    dependent job's ``on_dependency_failure``.
+    """
+
+    job: "Job | uuid.UUID | str | int"
+    on_failure: DependencyFailure | None = None
+
+
+#: An item of ``depends_on``: a ``Job``, a job id, the index of a spec of the same
+#: ``enqueue_many`` call, or a [`Dependency`][django_pgqueue.Dependency].
+DependencyRef = Union["Job", uuid.UUID, str, int, Dependency]
 
 
 #: What ``enqueue`` and ``enqueue_many`` do when an active job holds a unique key:
@@ -75,6 +108,18 @@ class EnqueueOptions(JobDefaults, total=False):
     finished, unless it was cancelled. Needs a ``unique_key``. Default: the job type's
     ``unique_for``, else none (only active jobs hold the key). See
     [Unique over a window](../how-to/unique-jobs.md#unique-over-a-window)."""
+    depends_on: Iterable[DependencyRef] | DependencyRef | None
+    """Jobs this one waits for: it is ``waiting`` until every one of them has completed,
+    then ``pending`` (due from then on, or at its ``run_at`` if later). Items: ``Job``s,
+    job ids, in ``enqueue_many`` indexes of other specs, or
+    [`Dependency`][django_pgqueue.Dependency]s. The jobs must exist in the same jobs
+    database; they are locked until the enqueuing transaction ends. Cannot be combined
+    with a ``unique_key``. ``None`` or empty: no dependencies. See
+    [Workflows](../how-to/workflows.md)."""
+    on_dependency_failure: DependencyFailure | None
+    """What happens when a job it depends on fails for good or is cancelled:
+    ``"cancel"`` (the default) cancels this job and what depends on it, ``"run"`` runs it
+    anyway once the others are done. Needs ``depends_on``."""
 
 
 class JobSpec(EnqueueOptions, total=False):
@@ -161,7 +206,7 @@ class JobOptions(JobDefaults, total=False):
     [Rate-limit each key](../how-to/rate-limits.md#rate-limit-each-key)."""
 
 
-__all__ = ["EnqueueOptions", "JobDefaults", "JobOptions", "JobSpec"]
+__all__ = ["Dependency", "EnqueueOptions", "JobDefaults", "JobOptions", "JobSpec"]
 
 ENQUEUE_KEYS: frozenset[str] = EnqueueOptions.__optional_keys__
 SPEC_KEYS: frozenset[str] = JobSpec.__required_keys__ | JobSpec.__optional_keys__

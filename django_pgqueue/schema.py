@@ -46,6 +46,7 @@ class JobStatus(models.TextChoices):
 
     | Member | Value | Meaning |
     |---|---|---|
+    | ``WAITING`` | ``"waiting"`` | Waits for the jobs it depends on (``depends_on``). |
     | ``PENDING`` | ``"pending"`` | Waiting to be claimed, at or after ``run_at``. |
     | ``CLAIMED`` | ``"claimed"`` | Taken by a worker, not started yet. |
     | ``RUNNING`` | ``"running"`` | A handler is running it. |
@@ -54,6 +55,7 @@ class JobStatus(models.TextChoices):
     | ``CANCELLED`` | ``"cancelled"`` | Cancelled before or while running. |
     """
 
+    WAITING = "waiting", _("Waiting")
     PENDING = "pending", _("Pending")
     CLAIMED = "claimed", _("Claimed")
     RUNNING = "running", _("Running")
@@ -62,6 +64,8 @@ class JobStatus(models.TextChoices):
     CANCELLED = "cancelled", _("Cancelled")
 
 
+#: States of a job that waits for the jobs it depends on: never claimed.
+BLOCKED = frozenset({JobStatus.WAITING})
 #: States a worker may claim a job in (when it is due).
 CLAIMABLE = frozenset({JobStatus.PENDING})
 #: States a worker holds a job in.
@@ -72,6 +76,8 @@ FINISHED = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED
 ACTIVE = CLAIMABLE | IN_FLIGHT
 #: States a job can be put back to pending from (retry).
 RETRYABLE = frozenset({JobStatus.FAILED, JobStatus.CANCELLED})
+#: States a job is cancelled from at once (``cancel()``); jobs in flight are asked to stop.
+CANCELLABLE = frozenset({JobStatus.WAITING, JobStatus.PENDING})
 
 
 def _members(states: JobStatus | Iterable[str]) -> list[JobStatus]:
@@ -107,3 +113,22 @@ def status_in(states: JobStatus | Iterable[str], column: str = "status") -> str:
     if len(members) == 1:
         return f"{column} = {literal(members[0])}"
     return f"{column} IN ({', '.join(map(literal, members))})"
+
+
+class OnDependencyFailure(models.TextChoices):
+    """What becomes of a job when a job it depends on fails for good or is cancelled.
+
+    Also ``django_pgqueue.OnDependencyFailure``; ``enqueue(on_dependency_failure=...)``
+    and ``Dependency(on_failure=...)`` take its values.
+
+    | Member | Value | Meaning |
+    |---|---|---|
+    | ``CANCEL`` | ``"cancel"`` | The job is cancelled (and what depends on it so). |
+    | ``RUN`` | ``"run"`` | The job runs once its other dependencies are done. |
+
+    Retrying the failed or cancelled dependency puts the jobs it cancelled back to
+    ``waiting``.
+    """
+
+    CANCEL = "cancel", _("Cancel")
+    RUN = "run", _("Run anyway")

@@ -68,6 +68,16 @@ SELECT queue,
  GROUP BY queue
 """
 
+# Waiting jobs have a counter each (pgqueue_job_waits, a small table: waiting jobs and
+# those cancelled while waiting); their status has no index of its own.
+_WAITING = f"""
+SELECT jobs.queue, count(*)
+  FROM pgqueue_job_waits AS waits
+  JOIN pgqueue_jobs AS jobs ON jobs.id = waits.job_id
+ WHERE {status_in(JobStatus.WAITING, "jobs.status")}
+ GROUP BY jobs.queue
+"""
+
 _IN_FLIGHT = f"""
 SELECT queue, worker_id,
        count(*) FILTER (WHERE {status_in(JobStatus.CLAIMED)}),
@@ -132,6 +142,8 @@ class QueueStats:
     unless ``snapshot(totals=True)`` say so."""
 
     name: str
+    #: Jobs waiting for the jobs they depend on ([workflows](../how-to/workflows.md)).
+    waiting: int = 0
     #: Pending jobs that are due (``run_at`` reached): the backlog.
     pending: int = 0
     #: Pending jobs whose ``run_at`` is still ahead (delayed jobs and retries in backoff).
@@ -172,6 +184,7 @@ class QueueStats:
     def jobs_by_status(self) -> dict[JobStatus, int | None]:
         """Jobs in each state now, due or not (finished ones: ``None`` without totals)."""
         return {
+            JobStatus.WAITING: self.waiting,
             JobStatus.PENDING: self.pending + self.scheduled,
             JobStatus.CLAIMED: self.claimed,
             JobStatus.RUNNING: self.running,
@@ -190,6 +203,7 @@ class QueueStats:
 
 #: The fields of :class:`QueueStats` that count jobs: they add up over queues.
 _COUNTS = (
+    "waiting",
     "pending",
     "scheduled",
     "held",
@@ -281,7 +295,7 @@ class Snapshot:
 def snapshot(*, using: str | None = None, totals: bool = False) -> Snapshot:
     """Read the queues and workers now, in one transaction.
 
-    A queue appears when it has pending, claimed or running jobs, jobs finished in the
+    A queue appears when it has waiting, pending, claimed or running jobs, jobs finished in the
     last minute, a paused state, a concurrency limit, or a live worker serving it by
     name; with ``totals=True``, also when it has any finished job. ``totals=True`` also
     counts every finished job per status and those of the last hour: no index serves
@@ -300,6 +314,10 @@ def snapshot(*, using: str | None = None, totals: bool = False) -> Snapshot:
             queues[name].update(
                 pending=due, scheduled=scheduled, held=held, oldest_pending_age_seconds=oldest
             )
+
+        cursor.execute(_WAITING)
+        for name, waiting in cursor.fetchall():
+            queues[name]["waiting"] = waiting
 
         cursor.execute(_IN_FLIGHT)
         for name, worker_id, claimed, running in cursor.fetchall():

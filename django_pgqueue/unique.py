@@ -33,7 +33,7 @@ from .inserts import (
     wants_notify,
     with_notify,
 )
-from .jobrows import JobRow
+from .jobrows import UNIQUE_FIELDS, JobRow
 from .options import OnDuplicate
 from .schema import ACTIVE, CLAIMABLE, JobStatus, literal, status_in
 
@@ -209,10 +209,10 @@ def enqueue_unique(row: JobRow, on_duplicate: OnDuplicate, alias: str) -> Job:
     assert row.unique_key is not None
     for _ in range(UNIQUE_ROUNDS):
         if row.unique_for is None:
-            statement, params = _INSERT_ONE_UNIQUE, [*row[:-1], row.unique_key]
+            statement, params = _INSERT_ONE_UNIQUE, [*row[:UNIQUE_FIELDS], row.unique_key]
         else:
             statement = _INSERT_ONE_UNIQUE_WINDOW
-            params = [row.unique_key, row.unique_for, *row[:-1], row.unique_key]
+            params = [row.unique_key, row.unique_for, *row[:UNIQUE_FIELDS], row.unique_key]
         notify = wants_notify(connections[alias], undelayed_queues([row]), record=False)
         jobs = returning_jobs(with_notify(statement, params, notify), params, alias)
         if not jobs:
@@ -331,11 +331,11 @@ def _insert_unique(rows: list[JobRow], alias: str) -> tuple[dict[uuid.UUID, Job]
     holders: dict[str, Job] = {}
     todo = rows
     for _ in range(UNIQUE_ROUNDS):
-        params: list[Any] = [list(column) for column in zip(*todo, strict=True)]
+        columns = [list(column) for column in zip(*todo, strict=True)]
         windowed = any(row.unique_for is not None for row in todo)
         statement = _INSERT_MANY_UNIQUE_WINDOW if windowed else _INSERT_MANY_UNIQUE
-        if not windowed:
-            del params[-1]  # unique_for
+        # Through unique_for, or through unique_key without a window.
+        params: list[Any] = columns[: UNIQUE_FIELDS + 1 if windowed else UNIQUE_FIELDS]
         params.append([row.unique_key for row in todo if row.unique_key is not None])
         notify = wants_notify(
             connections[alias],

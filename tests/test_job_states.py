@@ -6,8 +6,8 @@ from django.db import connection
 from django_pgqueue.schema import ACTIVE, FINISHED, IN_FLIGHT, RETRYABLE, JobStatus, status_in
 
 
-def test_every_state_is_pending_in_flight_or_finished_exactly_once():
-    groups = [(JobStatus.PENDING,), IN_FLIGHT, FINISHED]
+def test_every_state_is_waiting_pending_in_flight_or_finished_exactly_once():
+    groups = [(JobStatus.WAITING,), (JobStatus.PENDING,), IN_FLIGHT, FINISHED]
     assert sorted(state for group in groups for state in group) == sorted(JobStatus)
     assert set(ACTIVE) == {JobStatus.PENDING, *IN_FLIGHT}
     assert set(RETRYABLE) <= set(FINISHED)

@@ -20,6 +20,7 @@ from django.utils import timezone
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from django_pgqueue import enqueue
 from django_pgqueue.metrics import QueueCollector
 from django_pgqueue.models import ConcurrencyLimit, JobStatus, WorkerRecord
 from django_pgqueue.queues import pause_queue
@@ -27,6 +28,7 @@ from django_pgqueue.queues import pause_queue
 pytestmark = pytest.mark.django_db
 
 FIGURES = (
+    "waiting",
     "due",
     "delayed",
     "claimed",
@@ -42,7 +44,7 @@ ZEROS = dict.fromkeys(FIGURES, 0) | {"paused": False, "limit": None}
 
 @pytest.fixture
 def busy_database(make_job: Any) -> None:
-    """Jobs in every state, due and delayed, in three queues; one paused and limited
+    """Jobs in every state, due and delayed, waiting, in three queues; one paused and limited
     queue; a live worker and a silent one holding jobs."""
     now = timezone.now()
     recently, long_ago = now - timedelta(seconds=10), now - timedelta(hours=2)
@@ -57,11 +59,14 @@ def busy_database(make_job: Any) -> None:
     make_job(queue="emails", status=JobStatus.FAILED, completed_at=recently)
     make_job(queue="emails", status=JobStatus.CANCELLED, completed_at=recently)
     make_job(queue="reports")
-    make_job(queue="reports", status=JobStatus.RUNNING, worker_id="w-silent", started_at=now)
+    running = make_job(
+        queue="reports", status=JobStatus.RUNNING, worker_id="w-silent", started_at=now
+    )
     make_job(queue="reports", status=JobStatus.FAILED, completed_at=long_ago)
     pause_queue("reports")
     ConcurrencyLimit.objects.create(scope="queue", name="reports", declared=3)
     make_job(queue="video", run_at=now + timedelta(days=1))
+    enqueue("tests.noop", queue="video", depends_on=[running])
     WorkerRecord.objects.create(
         worker_id="w-alive", hostname="h", pid=1, concurrency=4, queues=["emails"]
     )
@@ -78,6 +83,7 @@ def overview_figures(admin_client: Any) -> tuple[dict[str, dict[str, Any]], Coun
     context = admin_client.get(reverse("admin:django_pgqueue_job_overview")).context
     queues = {
         row["queue"]: {
+            "waiting": row["waiting"],
             "due": row["pending"] - row["delayed"],
             "delayed": row["delayed"],
             "claimed": row["claimed"],
@@ -100,6 +106,7 @@ def status_figures() -> tuple[dict[str, dict[str, Any]], Counter[str]]:
     data = json.loads(out.getvalue())
     queues = {
         queue["name"]: {
+            "waiting": queue["waiting"],
             "due": queue["pending"],
             "delayed": queue["scheduled"],
             "claimed": queue["claimed"],
@@ -118,7 +125,13 @@ def status_figures() -> tuple[dict[str, dict[str, Any]], Counter[str]]:
 def metrics_figures() -> tuple[dict[str, dict[str, Any]], Counter[str]]:
     registry = CollectorRegistry()
     registry.register(QueueCollector())
-    names = {"pending": "due", "scheduled": "delayed", "claimed": "claimed", "running": "running"}
+    names = {
+        "waiting": "waiting",
+        "pending": "due",
+        "scheduled": "delayed",
+        "claimed": "claimed",
+        "running": "running",
+    }
     queues: dict[str, dict[str, Any]] = {}
     workers: Counter[str] = Counter()
     for family in text_string_to_metric_families(generate_latest(registry).decode()):
@@ -165,6 +178,7 @@ def test_overview_status_and_metrics_report_the_same_figures(admin_client):
         "cancelled_last_minute": 1,
     }
     assert status["reports"] == {**ZEROS, "due": 1, "running": 1, "paused": True, "limit": 3}
+    assert status["video"] == {**ZEROS, "waiting": 1, "delayed": 1}
     assert overview_workers == status_workers == metrics_workers
     assert status_workers == {"alive": 1, "not responding": 1}
 

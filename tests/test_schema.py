@@ -11,9 +11,12 @@ from django.db import connection
 from django_pgqueue.due import CLAIM_INDEX_FIELDS, CLAIM_ORDER
 from django_pgqueue.schema import (
     ACTIVE,
+    BLOCKED,
+    CANCELLABLE,
     CLAIMABLE,
     FINISHED,
     IN_FLIGHT,
+    RETRYABLE,
     JobStatus,
     literal,
     status_in,
@@ -65,6 +68,20 @@ def test_each_partial_index_covers_its_state_set(index, states):
     assert index_predicate(index) == set(values(states))
 
 
+def test_workflow_steps_are_settled_when_they_finish_or_are_retried():
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_get_triggerdef(oid) FROM pg_trigger "
+            "WHERE tgname = 'pgqueue_jobs_note_settlement'"
+        )
+        (definition,) = cursor.fetchone()
+
+    finished, retried_from, retried_to = states_named(definition.partition(" WHEN ")[2])
+    assert finished == set(values(FINISHED))
+    assert retried_from == set(values(RETRYABLE))
+    assert retried_to == set(values(CANCELLABLE))
+
+
 def test_the_status_constraint_allows_exactly_the_states():
     with connection.cursor() as cursor:
         cursor.execute(
@@ -92,8 +109,9 @@ def test_recovery_reads_jobs_in_flight_only():
 
 
 def test_sets_partition_the_states():
-    assert set(JobStatus) == CLAIMABLE | IN_FLIGHT | FINISHED
-    assert not CLAIMABLE & IN_FLIGHT and not IN_FLIGHT & FINISHED and not CLAIMABLE & FINISHED
+    sets = [BLOCKED, CLAIMABLE, IN_FLIGHT, FINISHED]
+    assert set(JobStatus) == frozenset().union(*sets)
+    assert sum(map(len, sets)) == len(JobStatus)
     assert ACTIVE == CLAIMABLE | IN_FLIGHT
 
 

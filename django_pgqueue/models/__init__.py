@@ -5,6 +5,7 @@ workflow steps, and the tables of running the queue."""
 from ..schema import JobStatus as JobStatus
 from .base import JobsDatabaseManager as JobsDatabaseManager
 from .base import JobsDatabaseModel as JobsDatabaseModel
+from .dependencies import JobDependency, JobWait
 from .jobs import RETRY_PERMISSION as RETRY_PERMISSION
 from .jobs import Job, JobEvent
 from .operations import (
@@ -27,8 +28,10 @@ from .transitions import notify_queues as notify_queues
 __all__ = [
     "ConcurrencyLimit",
     "Job",
+    "JobDependency",
     "JobEvent",
     "JobQuerySet",
+    "JobWait",
     "PeriodicTick",
     "QueueState",
     "RateLimit",

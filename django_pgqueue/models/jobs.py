@@ -113,6 +113,10 @@ class Job(JobsDatabaseModel):
             because its key already has as many due jobs waiting as its limit; it is
             released, in claim order, as they are claimed or cancelled. Default
             ``False``.
+        workflow_id (UUIDField): The workflow the job is a step of: jobs enqueued with
+            ``depends_on``, the jobs they depend on, and every job of an
+            ``enqueue_many`` call with dependencies share one. ``NULL`` (the default):
+            not in a workflow. See [Workflows](../how-to/workflows.md).
 
     Defaults are database defaults, so rows inserted with SQL get them too. See
     [SQL schema](sql.md#the-pgqueue_jobs-table) for the column types and lengths, the
@@ -160,6 +164,9 @@ class Job(JobsDatabaseModel):
     )
     #: Pending, but left out of the claim until its key has room (sql/key_limits_v1.sql).
     held = models.BooleanField(db_default=False)
+    #: The workflow the job is a step of (``depends_on``); NULL: none. Its finish and
+    #: retry settle the steps that depend on it (sql/workflow_settle_v1.sql).
+    workflow_id = models.UUIDField(null=True, blank=True)
 
     objects: ClassVar[JobManager[Self]] = JobManager()
 
@@ -205,6 +212,12 @@ class Job(JobsDatabaseModel):
             # The admin lists newest first (then by id, for a stable order): without it
             # every page of the changelist sorts the whole table.
             models.Index(fields=["created_at", "id"], name="idx_jobs_created"),
+            # A workflow's steps, for its page and for cancelling it.
+            models.Index(
+                fields=["workflow_id", "created_at"],
+                name="idx_jobs_workflow",
+                condition=Q(workflow_id__isnull=False),
+            ),
             # unique_for: the jobs with a key enqueued within a window, in any state.
             models.Index(
                 fields=["unique_key", "created_at"],
@@ -427,6 +440,7 @@ _NEW_ROW_DEFAULTS: dict[str, Any] = {
     "unique_key": None,
     "concurrency_key": None,
     "held": False,
+    "workflow_id": None,
 }
 
 

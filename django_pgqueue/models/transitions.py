@@ -6,14 +6,15 @@ import logging
 from typing import TYPE_CHECKING
 
 from django.db import IntegrityError, connections, models, transaction
-from django.db.models import Exists, ExpressionWrapper, OuterRef, Q
+from django.db.models import Case, Exists, ExpressionWrapper, OuterRef, Q, Value, When
 from django.db.models.functions import Now
 
 from .. import conf
 from ..due import not_yet_due_q
 from ..exceptions import PgQueueError
 from ..held import release_keys
-from ..schema import ACTIVE, IN_FLIGHT, RETRYABLE, JobStatus
+from ..schema import ACTIVE, CANCELLABLE, IN_FLIGHT, RETRYABLE, JobStatus
+from .dependencies import JobWait
 
 if TYPE_CHECKING:
     from .jobs import Job
@@ -36,11 +37,15 @@ class JobQuerySet(models.QuerySet["Job"]):
     """
 
     def cancel(self) -> int:
-        """Cancel pending jobs at once and ask workers to stop claimed or running ones.
+        """Cancel pending and waiting jobs at once and ask workers to stop claimed or
+        running ones.
 
         Returns how many jobs were cancelled or had cancellation requested.
 
-        The selected ``pending`` jobs become ``cancelled`` (``completed_at`` set); the
+        The selected ``pending`` and ``waiting`` jobs become ``cancelled``
+        (``completed_at`` set), and so, in the same transaction, do the waiting jobs that
+        [depend on them](../how-to/workflows.md#when-a-dependency-fails) under
+        ``"cancel"``; the
         selected ``claimed`` and ``running`` jobs that have no request yet get
         ``cancel_requested_at`` set. The result is the sum of both counts. Finished jobs
         are not touched. See [Cancel jobs](../how-to/cancel.md).
@@ -48,9 +53,9 @@ class JobQuerySet(models.QuerySet["Job"]):
         Cancelling jobs of a [per-key limit](../how-to/per-key-concurrency.md) releases
         held jobs of their keys to take their places.
         """
-        pending = self.filter(status=JobStatus.PENDING)
-        keys = _keys_of(pending)
-        cancelled = pending.update(status=JobStatus.CANCELLED, completed_at=Now(), held=False)
+        cancellable = self.filter(status__in=CANCELLABLE)
+        keys = _keys_of(cancellable)
+        cancelled = cancellable.update(status=JobStatus.CANCELLED, completed_at=Now(), held=False)
         if cancelled and keys:
             release_keys(_write_db(self), keys)
         requested = self.filter(status__in=IN_FLIGHT, cancel_requested_at__isnull=True).update(
@@ -60,6 +65,10 @@ class JobQuerySet(models.QuerySet["Job"]):
 
     def retry(self) -> int:
         """Put failed or cancelled jobs back to pending, due now, with attempts reset.
+
+        A job that still waits for [dependencies](../how-to/workflows.md) goes back to
+        ``waiting`` instead, and the jobs that its failure cancelled go back to
+        ``waiting`` too.
 
         A job whose ``unique_key`` is held by an active job stays as it is, and so do all
         but the newest of several selected jobs sharing a key: those are skipped (and
@@ -93,13 +102,18 @@ class JobQuerySet(models.QuerySet["Job"]):
         )
         retryable = eligible.filter(Q(unique_key__isnull=True) | Q(pk__in=free))
         keys = _keys_of(retryable)
+        # A job that still waits for dependencies goes back to waiting, not pending.
+        waits = JobWait._base_manager.filter(job=OuterRef("pk"))
         for _round in range(UNIQUE_RETRY_ROUNDS):
             try:
                 # A savepoint: a job enqueued with one of the keys meanwhile (committed
                 # after this statement's snapshot) violates the unique index; run again.
                 with transaction.atomic(using=using):
                     changed = retryable.update(
-                        status=JobStatus.PENDING,
+                        status=Case(
+                            When(Exists(waits), then=Value(JobStatus.WAITING.value)),
+                            default=Value(JobStatus.PENDING.value),
+                        ),
                         attempts=0,
                         snoozes=0,
                         run_at=Now(),
@@ -112,7 +126,8 @@ class JobQuerySet(models.QuerySet["Job"]):
                         progress=0,
                         worker_ids=[],
                         held=ExpressionWrapper(
-                            Q(concurrency_key__isnull=False), output_field=models.BooleanField()
+                            Q(concurrency_key__isnull=False) & ~Exists(waits),
+                            output_field=models.BooleanField(),
                         ),
                     )
                 break

@@ -185,7 +185,11 @@ def render(shot: Snapshot, *, failed_total: bool = False) -> RenderableType:
         title_justify="left",
     )
     held_total = sum(queue.held for queue in shot.queues)
-    columns = ["queue", "state", "limit", "pending", "scheduled"]
+    waiting_total = sum(queue.waiting for queue in shot.queues)
+    columns = ["queue", "state", "limit"]
+    if waiting_total:
+        columns.append("waiting")
+    columns += ["pending", "scheduled"]
     if held_total:
         columns.append("held")
     columns += ["claimed", "running"]
@@ -199,9 +203,10 @@ def render(shot: Snapshot, *, failed_total: bool = False) -> RenderableType:
             queue.name,
             "[yellow]paused[/yellow]" if queue.paused else "active",
             "-" if queue.max_running is None else str(queue.max_running),
-            str(queue.pending),
-            str(queue.scheduled),
         ]
+        if waiting_total:
+            row.append(str(queue.waiting))
+        row += [str(queue.pending), str(queue.scheduled)]
         if held_total:
             row.append(str(queue.held))
         row += [str(queue.claimed), str(queue.running)]

@@ -1,0 +1,131 @@
+"""The plan of a call that enqueues jobs with dependencies: each job's edges, its
+first status and counter, checked before anything is written.
+
+Pure: the jobs already in the database come in as their statuses. A job starts
+``pending`` when every dependency is resolved already, ``cancelled`` when one it depends
+on under ``"cancel"`` has failed or was cancelled (and so, in turn, do the jobs of the
+call that depend on it that way), ``waiting`` otherwise. The rules after enqueue are
+the database's (``sql/workflow_settle_v1.sql``); these are the same rules at birth.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ..exceptions import InvalidJobError
+from ..jobrows import JobRow
+from ..schema import JobStatus, OnDependencyFailure
+
+#: The most jobs one call may enqueue with dependencies among them.
+MAX_WORKFLOW_JOBS = 100_000
+
+_FAILED = frozenset({JobStatus.FAILED.value, JobStatus.CANCELLED.value})
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    """``job`` waits for ``dependency``."""
+
+    job: uuid.UUID
+    dependency: uuid.UUID
+    on_failure: str
+    resolved: bool
+
+
+@dataclass(slots=True)
+class Step:
+    """A job of the call as it starts."""
+
+    status: str = JobStatus.PENDING.value
+    unresolved: int = 0
+    cancelled_by: uuid.UUID | None = None
+    #: Why it starts cancelled ("" unless it does), as the database words it.
+    reason: str = ""
+    #: The failed or cancelled job at the root of its cancellation.
+    root: uuid.UUID | None = None
+    edges: list[Edge] = field(default_factory=list)
+
+
+def internal_order(rows: Sequence[JobRow], field_of: Callable[[int], str]) -> list[int]:
+    """The indexes of ``rows``, each after the rows of the call it depends on.
+
+    Checks the indexes among ``depends_on`` (in range, not the row itself) and that they
+    form no cycle; ``InvalidJobError`` naming the row otherwise.
+    """
+    count = len(rows)
+    if count > MAX_WORKFLOW_JOBS:
+        raise InvalidJobError(
+            "specs", f"{count:,} jobs with dependencies in one call; at most {MAX_WORKFLOW_JOBS:,}"
+        )
+    dependents: list[list[int]] = [[] for _ in rows]
+    waiting_for = [0] * count
+    for index, row in enumerate(rows):
+        for position, item in enumerate(row.depends_on or ()):
+            if isinstance(item.target, int):
+                target = item.target
+                if not 0 <= target < count or target == index:
+                    what = "itself" if target == index else f"no spec (there are {count})"
+                    raise InvalidJobError(
+                        f"{field_of(index)}[{position}]", f"index {target} names {what}"
+                    )
+                dependents[target].append(index)
+                waiting_for[index] += 1
+    order = [index for index in range(count) if not waiting_for[index]]
+    for index in order:  # grows while it is walked: Kahn's algorithm
+        for dependent in dependents[index]:
+            waiting_for[dependent] -= 1
+            if not waiting_for[dependent]:
+                order.append(dependent)
+    if len(order) < count:
+        in_cycle = [index for index in range(count) if waiting_for[index]]
+        raise InvalidJobError(
+            field_of(in_cycle[0]),
+            f"the specs {in_cycle[:10]} depend on each other in a cycle",
+        )
+    return order
+
+
+def plan_steps(
+    rows: Sequence[JobRow], order: Sequence[int], existing: Mapping[uuid.UUID, str]
+) -> list[Step]:
+    """Each row's first status, counter and edges; ``existing``: the status of every job
+    of the database the rows depend on."""
+    steps = [Step() for _ in rows]
+    for index in order:
+        row, step = rows[index], steps[index]
+        for item in row.depends_on or ():
+            policy = item.on_failure or row.on_dependency_failure
+            if isinstance(item.target, int):
+                dependency_id = rows[item.target].id
+                dependency = steps[item.target]
+                status, root = dependency.status, dependency.root
+            else:
+                dependency_id, status, root = item.target, existing[item.target], None
+            resolved = status == JobStatus.COMPLETED.value or (
+                status in _FAILED and policy == OnDependencyFailure.RUN.value
+            )
+            step.edges.append(Edge(row.id, dependency_id, policy, resolved))
+            if resolved:
+                continue
+            step.unresolved += 1
+            if status in _FAILED and step.cancelled_by is None:
+                step.cancelled_by, step.root = dependency_id, root or dependency_id
+                step.reason = _reason(dependency_id, step.root, existing[step.root])
+        if step.cancelled_by is not None:
+            step.status = JobStatus.CANCELLED.value
+        elif step.unresolved:
+            step.status = JobStatus.WAITING.value
+    return steps
+
+
+def _reason(cause: uuid.UUID, root: uuid.UUID, root_status: str) -> str:
+    """Why a job starts cancelled, in the words of pgqueue_cancel_dependents (the root,
+    a job of the database, failed or was cancelled)."""
+    if cause == root:
+        return f"Cancelled: job {root}, which it depends on, is {root_status}."
+    return (
+        f"Cancelled: job {cause}, which it depends on, was cancelled because job {root} "
+        f"is {root_status}."
+    )
