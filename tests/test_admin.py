@@ -252,8 +252,8 @@ def test_cancel_cancels_pending_jobs_asks_running_ones_and_skips_the_rest(
     assert messages_of(response) == [
         (
             message_levels.SUCCESS,
-            "Cancel: 2 changed (1 pending cancelled, 1 running asked to stop), 2 skipped "
-            "(finished, or already asked to stop).",
+            "Cancel: 2 changed (1 pending or waiting cancelled, 1 running asked to stop), "
+            "2 skipped (finished, or already asked to stop).",
         )
     ]
     assert statuses(pending, running, completed) == ["cancelled", "running", "completed"]

@@ -9,6 +9,7 @@ import uuid
 
 import pytest
 from django.db import transaction
+from django.urls import reverse
 
 from django_pgqueue import Dependency, InvalidJobError, enqueue, enqueue_many
 from django_pgqueue.models import Job, JobDependency, JobStatus, JobWait
@@ -460,3 +461,61 @@ class TestBadInput:
         first = enqueue("tests.noop")
         job = enqueue("tests.noop", depends_on=[first, first.id, str(first.id)])
         assert JobWait.objects.get(job=job).unresolved == 1
+
+
+class TestAdmin:
+    def test_a_job_page_shows_what_it_waits_for_and_what_waits_for_it(self, admin_client):
+        first = enqueue("tests.noop")
+        second = enqueue("tests.noop", depends_on=[first])
+        third = enqueue("tests.noop", depends_on=[Dependency(second, on_failure="run")])
+
+        page = admin_client.get(reverse("admin:django_pgqueue_job_change", args=[second.pk]))
+
+        html = page.content.decode()
+        assert str(second.workflow_id) in html
+        waits_for, needed_by = html.split("Needed by", 1)
+        assert f'title="{first.pk}"' in waits_for and f'title="{third.pk}"' not in waits_for
+        assert f'title="{third.pk}"' in needed_by and "runs even if it fails" in needed_by
+        assert "Waits for 1 job." in html
+
+    def test_a_job_outside_workflows_has_no_workflow_section(self, admin_client):
+        job = enqueue("tests.noop")
+
+        page = admin_client.get(reverse("admin:django_pgqueue_job_change", args=[job.pk]))
+
+        assert "Needed by" not in page.content.decode()
+
+    def test_the_workflow_link_lists_the_jobs_of_the_workflow(self, admin_client):
+        first = enqueue("tests.noop")
+        second = enqueue("tests.noop", depends_on=[first])
+        enqueue("tests.noop")
+
+        page = admin_client.get(
+            reverse("admin:django_pgqueue_job_changelist"), {"workflow": str(second.workflow_id)}
+        )
+
+        listed = {job.pk for job in page.context["cl"].result_list}
+        assert listed == {first.pk, second.pk}
+
+    def test_a_malformed_workflow_id_lists_nothing(self, admin_client):
+        enqueue("tests.noop")
+
+        page = admin_client.get(reverse("admin:django_pgqueue_job_changelist"), {"workflow": "x"})
+
+        assert list(page.context["cl"].result_list) == []
+
+    def test_the_cancel_action_cancels_a_waiting_job_and_its_dependents(self, admin_client):
+        first = enqueue("tests.noop")
+        second = enqueue("tests.noop", depends_on=[first])
+        third = enqueue("tests.noop", depends_on=[second])
+
+        admin_client.post(
+            reverse("admin:django_pgqueue_job_changelist"),
+            {"action": "cancel_jobs", "_selected_action": [str(second.pk)]},
+        )
+
+        assert [status(job) for job in (first, second, third)] == [
+            JobStatus.PENDING,
+            JobStatus.CANCELLED,
+            JobStatus.CANCELLED,
+        ]

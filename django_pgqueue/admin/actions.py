@@ -24,7 +24,7 @@ from django.utils.translation import gettext_lazy
 
 from ..due import not_yet_due_q
 from ..models import Job, JobQuerySet
-from ..schema import IN_FLIGHT, RETRYABLE, JobStatus
+from ..schema import CANCELLABLE, IN_FLIGHT, RETRYABLE, JobStatus
 from .base import JobAdminBase
 
 
@@ -55,13 +55,14 @@ class JobActions(JobAdminBase):
     def cancel_jobs(self, request: HttpRequest, queryset: JobQuerySet) -> None:
         selected = queryset.count()
         with transaction.atomic(using=queryset.db):
-            cancelled = queryset.filter(status=JobStatus.PENDING).cancel()
+            cancelled = queryset.filter(status__in=CANCELLABLE).cancel()
             asked = queryset.filter(status__in=IN_FLIGHT, cancel_requested_at__isnull=True).cancel()
         changed = cancelled + asked
         self._report(
             request,
             _(
-                "Cancel: %(changed)d changed (%(cancelled)d pending cancelled, %(asked)d "
+                "Cancel: %(changed)d changed (%(cancelled)d pending or waiting cancelled, "
+                "%(asked)d "
                 "running asked to stop), %(skipped)d skipped (finished, or already asked "
                 "to stop)."
             )
@@ -91,7 +92,7 @@ class JobActions(JobAdminBase):
             return []
         applicable = {
             "retry": job.status in RETRYABLE,
-            "cancel": job.status == JobStatus.PENDING
+            "cancel": job.status in CANCELLABLE
             or (job.status in IN_FLIGHT and job.cancel_requested_at is None),
             # "Delayed" as the database decides it, like the action itself.
             "run-now": job.status == JobStatus.PENDING

@@ -29,6 +29,7 @@ from .filters import JobTypeFilter, QueueFilter, SearchError, search_filter
 from .formatting import TEMPLATES
 from .live import LiveView
 from .overview import QueueOverview
+from .workflows import WORKFLOW_FIELDSET, WorkflowCells, WorkflowFilter
 
 
 class EstimatedCountPaginator(JobPaginator):
@@ -96,7 +97,7 @@ class JobChangeList(ChangeList):
         return queryset.defer("data", "result", "last_error", "last_traceback", "worker_ids")
 
 
-class JobAdmin(JobCells, JobActions, LiveView, QueueOverview):
+class JobAdmin(JobCells, WorkflowCells, JobActions, LiveView, QueueOverview):
     """Jobs, read-only, with live progress, retry/cancel/run-now actions and an overview."""
 
     class Media:
@@ -131,6 +132,7 @@ class JobAdmin(JobCells, JobActions, LiveView, QueueOverview):
         JobTypeFilter,
         "held",
         ("created_at", admin.DateFieldListFilter),
+        WorkflowFilter,
     )
     # The search is ours (get_search_results); naming a field only shows the search box.
     search_fields = ("job_type",)
@@ -189,8 +191,17 @@ class JobAdmin(JobCells, JobActions, LiveView, QueueOverview):
         (gettext_lazy("Progress history"), {"fields": ("history",)}),
     )
 
+    def get_fieldsets(self, request: HttpRequest, obj: Job | None = None) -> Any:
+        if obj is not None and obj.workflow_id is not None:
+            return (*self.fieldsets, WORKFLOW_FIELDSET)
+        return self.fieldsets
+
     def get_readonly_fields(self, request: HttpRequest, obj: Job | None = None) -> list[str]:
-        return [str(name) for _name, options in self.fieldsets for name in options["fields"]]
+        return [
+            str(name)
+            for _name, options in self.get_fieldsets(request, obj)
+            for name in options["fields"]
+        ]
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return JobChangeList
