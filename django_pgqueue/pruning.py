@@ -1,17 +1,25 @@
 """Deleting finished jobs past their retention, in bounded batches, so the jobs table
-and its indexes stay small under constant load."""
+and its indexes stay small under constant load.
+
+A job of a workflow is deleted only with its whole workflow, once every job of it has
+finished and is past the retention: never while a step still runs or waits. A workflow
+with a failed job counts as failed (``FAILED_RETENTION``, ``statuses=["failed"]``); one
+without as completed. Its edges and counters go with its jobs.
+"""
 
 from __future__ import annotations
 
 import logging
 import math
 import time
+import uuid
 from collections.abc import Sequence
+from typing import Any
 
 from django.db import connections
 
 from . import conf
-from .schema import FINISHED, JobStatus, values
+from .schema import FINISHED, JobStatus, status_in, values
 
 logger = logging.getLogger("django_pgqueue.pruning")
 
@@ -30,21 +38,104 @@ _DELETE_BATCH = """
 WITH batch AS (
     SELECT id
       FROM pgqueue_jobs
-     WHERE status = ANY(%s::varchar[])
-       AND completed_at < now() - %s * interval '1 second'
+     WHERE status = ANY(%(statuses)s::varchar[])
+       AND completed_at < now() - %(age)s * interval '1 second'
+       AND workflow_id IS NULL
      ORDER BY completed_at, id
-     LIMIT %s
+     LIMIT %(batch)s
        FOR UPDATE SKIP LOCKED
 )
 DELETE FROM pgqueue_jobs AS jobs USING batch WHERE jobs.id = batch.id
 """
 
+# Workflows past the retention, at most %(batch)s of them, oldest first after a given id:
+# a loose index scan of idx_jobs_workflow (one probe per workflow). A workflow's id is a
+# version 7 UUID of its creation time, so those created after the cutoff (%(before)s, an
+# id of that time) cannot be past it and are not read. The pruner resumes after the last
+# workflow it read, so workflows kept for long (still running, or failed while failed
+# jobs are kept) never hide the ones behind them.
+_OLD_WORKFLOWS = """
+WITH RECURSIVE walk(workflow_id) AS (
+    (SELECT workflow_id FROM pgqueue_jobs
+      WHERE workflow_id > %(after)s AND workflow_id < %(before)s
+      ORDER BY workflow_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT workflow_id FROM pgqueue_jobs
+             WHERE workflow_id > walk.workflow_id AND workflow_id < %(before)s
+             ORDER BY workflow_id LIMIT 1)
+      FROM walk
+     WHERE walk.workflow_id IS NOT NULL
+)
+SELECT workflow_id FROM walk WHERE workflow_id IS NOT NULL LIMIT %(batch)s
+"""
+
+# Of those workflows, the ones to delete: every job finished and past the retention,
+# and either a failed job while failed jobs are pruned, or no failed job and every
+# job's status among those pruned.
+_WHOLE_WORKFLOWS = f"""
+SELECT candidates.workflow_id
+  FROM unnest(%(workflows)s::uuid[]) AS candidates(workflow_id)
+ CROSS JOIN LATERAL (
+    SELECT bool_and({status_in(FINISHED, "jobs.status")}
+                    AND jobs.completed_at < now() - %(age)s * interval '1 second') AS old,
+           bool_or({status_in(JobStatus.FAILED, "jobs.status")}) AS failed,
+           bool_and(jobs.status = ANY(%(statuses)s::varchar[])) AS listed
+      FROM pgqueue_jobs AS jobs
+     WHERE jobs.workflow_id = candidates.workflow_id
+ ) AS workflow
+ WHERE workflow.old
+   AND CASE WHEN workflow.failed THEN %(failed)s = ANY(%(statuses)s::varchar[])
+            ELSE workflow.listed END
+"""
+
+_DELETE_WORKFLOWS = """
+WITH jobs AS (
+    DELETE FROM pgqueue_jobs WHERE workflow_id = ANY(%(workflows)s) RETURNING id
+), edges AS (
+    DELETE FROM pgqueue_job_dependencies AS edges USING jobs WHERE edges.job_id = jobs.id
+), waits AS (
+    DELETE FROM pgqueue_job_waits AS waits USING jobs WHERE waits.job_id = jobs.id
+)
+SELECT count(*) FROM jobs
+"""
+
 _COUNT = """
 SELECT count(*)
   FROM pgqueue_jobs
- WHERE status = ANY(%s::varchar[])
-   AND completed_at < now() - %s * interval '1 second'
+ WHERE status = ANY(%(statuses)s::varchar[])
+   AND completed_at < now() - %(age)s * interval '1 second'
+   AND workflow_id IS NULL
 """
+
+_COUNT_WORKFLOW_JOBS = "SELECT count(*) FROM pgqueue_jobs WHERE workflow_id = ANY(%(workflows)s)"
+
+#: Where the next pass over old workflows starts, per database and retention: after the
+#: last workflow the previous pass read (None: from the oldest).
+_resume_after: dict[tuple[str, float, tuple[str, ...]], uuid.UUID | None] = {}
+_FIRST_ID = uuid.UUID(int=0)
+
+
+def _id_of_time(seconds: float) -> uuid.UUID:
+    """The smallest version 7 UUID of a time: ids of later jobs and workflows sort after."""
+    millis = max(int(seconds * 1000), 0)
+    return uuid.UUID(int=(millis & 0xFFFF_FFFF_FFFF) << 80 | 0x7 << 76 | 0b10 << 62)
+
+
+def _prunable_workflows(
+    cursor: Any, params: dict[str, Any], key: Any, dry_run: bool
+) -> list[uuid.UUID]:
+    """The next workflows to delete whole (see ``_OLD_WORKFLOWS``)."""
+    after = _resume_after.get(key) or _FIRST_ID
+    before = _id_of_time(time.time() - params["age"])
+    cursor.execute(_OLD_WORKFLOWS, {**params, "after": after, "before": before})
+    candidates = [row[0] for row in cursor.fetchall()]
+    if not dry_run:
+        full = params["batch"] is not None and len(candidates) == params["batch"]
+        _resume_after[key] = candidates[-1] if full else None
+    if not candidates:
+        return []
+    cursor.execute(_WHOLE_WORKFLOWS, {**params, "workflows": candidates})
+    return [row[0] for row in cursor.fetchall()]
 
 
 def prune_jobs(
@@ -58,6 +149,11 @@ def prune_jobs(
     using: str | None = None,
 ) -> int:
     """Delete finished jobs whose ``completed_at`` is older than ``older_than`` seconds.
+
+    A job of a [workflow](../how-to/workflows.md) goes only with its whole workflow,
+    once all its jobs are finished and older than that: a workflow with a failed job
+    when ``statuses`` includes ``failed``, else when ``statuses`` names the status of
+    each of its jobs. A workflow is deleted in one statement, however many jobs it has.
 
     Deletes ``batch_size`` rows per statement (each its own transaction, so locks and WAL
     stay small) until none is left, ``max_batches`` ran or ``max_seconds`` passed;
@@ -73,20 +169,35 @@ def prune_jobs(
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size!r}")
     alias = conf.jobs_database(using)
-    statuses = list(statuses)
+    params: dict[str, Any] = {
+        "statuses": list(statuses),
+        "age": older_than,
+        "batch": batch_size,
+        "failed": JobStatus.FAILED.value,
+    }
     with connections[alias].cursor() as cursor:
+        key = (alias, older_than, tuple(sorted(statuses)))
         if dry_run:
-            cursor.execute(_COUNT, [statuses, older_than])
-            return int(cursor.fetchone()[0])
+            cursor.execute(_COUNT, params)
+            plain = int(cursor.fetchone()[0])
+            workflows = _prunable_workflows(cursor, {**params, "batch": None}, key, True)
+            cursor.execute(_COUNT_WORKFLOW_JOBS, {"workflows": workflows})
+            return plain + int(cursor.fetchone()[0])
         deleted = batches = 0
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
         while max_batches is None or batches < max_batches:
             if deadline is not None and batches and time.monotonic() >= deadline:
                 break
-            cursor.execute(_DELETE_BATCH, [statuses, older_than, batch_size])
+            cursor.execute(_DELETE_BATCH, params)
             batches += 1
             deleted += cursor.rowcount
-            if cursor.rowcount < batch_size:
+            more = cursor.rowcount == batch_size
+            workflows = _prunable_workflows(cursor, params, key, False)
+            if workflows:
+                cursor.execute(_DELETE_WORKFLOWS, {"workflows": workflows})
+                deleted += int(cursor.fetchone()[0])
+                more = True
+            if not more:
                 break
     if deleted:
         logger.info("pruned %d finished job(s) older than %gs", deleted, older_than)
