@@ -19,8 +19,9 @@ from .exceptions import (
     RetryJob,
     Snooze,
 )
-from .options import Dependency, JobSpec
+from .options import Dependency, JobSpec, Step
 from .registry import job
+from .workflows.canvas import chain, chord, group
 
 if TYPE_CHECKING:
     from .models import Job
@@ -41,9 +42,13 @@ __all__ = [
     "PgQueueError",
     "RetryJob",
     "Snooze",
+    "Step",
+    "chain",
+    "chord",
     "enqueue",
     "enqueue_many",
     "exceptions",
+    "group",
     "job",
     "pause_queue",
     "resume_queue",

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal, Required, TypedDict, Union
+from typing import TYPE_CHECKING, Any, Literal, Required, TypedDict, Union, Unpack
 
 from .backoff import Backoff
 
@@ -206,7 +206,51 @@ class JobOptions(JobDefaults, total=False):
     [Rate-limit each key](../how-to/rate-limits.md#rate-limit-each-key)."""
 
 
-__all__ = ["Dependency", "EnqueueOptions", "JobDefaults", "JobOptions", "JobSpec"]
+__all__ = ["Dependency", "EnqueueOptions", "JobDefaults", "JobOptions", "JobSpec", "Step"]
+
+
+class Step:
+    """A job to enqueue later, as a step of [`chain()`][django_pgqueue.chain],
+    [`group()`][django_pgqueue.group] or [`chord()`][django_pgqueue.chord].
+
+    ```python
+    Step("photos.resize", {"photo": 7}, queue="images")
+    resize.step({"photo": 7}, queue="images")  # the same, from the @job definition
+    ```
+
+    Also ``django_pgqueue.Step``. ``options`` are ``enqueue()``'s
+    [`EnqueueOptions`][django_pgqueue.options.EnqueueOptions] (an undeclared keyword
+    raises ``TypeError``); they win over the options given to the workflow's
+    ``enqueue()``. ``depends_on`` may name jobs that exist already, besides the steps
+    before it. Nothing is validated or written until the workflow is enqueued.
+    """
+
+    __slots__ = ("data", "job_type", "options")
+
+    def __init__(
+        self, job_type: str, data: dict[str, Any] | None = None, **options: Unpack[EnqueueOptions]
+    ) -> None:
+        if options:
+            check_keys(options, ENQUEUE_KEYS, "Step()")
+        self.job_type = job_type
+        self.data = data
+        self.options: dict[str, Any] = dict(options)
+
+    def __repr__(self) -> str:
+        options = "".join(f", {key}={value!r}" for key, value in self.options.items())
+        return f"Step({self.job_type!r}, {self.data!r}{options})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Step):
+            return NotImplemented
+        return (self.job_type, self.data, self.options) == (
+            other.job_type,
+            other.data,
+            other.options,
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable payload: not hashable
+
 
 ENQUEUE_KEYS: frozenset[str] = EnqueueOptions.__optional_keys__
 SPEC_KEYS: frozenset[str] = JobSpec.__required_keys__ | JobSpec.__optional_keys__

@@ -25,6 +25,7 @@ from .options import (
     JobOptions,
     OnDuplicate,
     RetryBackoff,
+    Step,
     UniqueKey,
     check_keys,
 )
@@ -139,6 +140,16 @@ class JobDefinition:
         return enqueueing.enqueue(
             self.job_type, data, on_duplicate=on_duplicate, using=using, **options
         )
+
+    def step(self, data: dict[str, Any] | None = None, **options: Unpack[EnqueueOptions]) -> Step:
+        """A job of this type to enqueue later, as a step of a workflow.
+
+        [`Step`][django_pgqueue.Step] with this job type: ``resize.step({"photo": 7})``
+        for [`chain()`][django_pgqueue.chain], [`group()`][django_pgqueue.group] and
+        [`chord()`][django_pgqueue.chord]. Nothing is written until the workflow is
+        enqueued.
+        """
+        return Step(self.job_type, data, **options)
 
     def retry_delay(self, attempt: int) -> float:
         """Seconds to wait before retrying after failed attempt ``attempt``.

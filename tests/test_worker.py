@@ -78,6 +78,21 @@ def test_return_value_is_stored_as_result():
     assert job.result == {"doubled": 42}
 
 
+def test_a_return_value_longer_than_a_payload_may_be_is_not_stored(pgqueue_settings):
+    pgqueue_settings(MAX_PAYLOAD_BYTES=12)
+    job = enqueue("tests.returns", {"n": 21})  # 9 bytes; the result is 15
+
+    Worker(burst=True).run()
+
+    job.refresh_from_db()
+    assert (job.status, job.result) == (JobStatus.COMPLETED, None)
+    assert job.last_error == (
+        "the return value was not stored: its JSON is 15 bytes, more than "
+        "PGQUEUE['MAX_PAYLOAD_BYTES'] (12); store large results elsewhere and return a "
+        "reference"
+    )
+
+
 def test_handler_writes_are_rolled_back_when_it_fails():
     job = enqueue("tests.fail", max_attempts=1)
     Worker(burst=True).run()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, ClassVar, Protocol, Self
@@ -23,6 +24,7 @@ from ..indexes import GinIndex
 from ..progress import write_progress
 from ..schema import ACTIVE, FINISHED, IN_FLIGHT, JobStatus
 from .base import JobsDatabaseManager, JobsDatabaseModel
+from .dependencies import JobDependency
 from .transitions import JobQuerySet
 
 
@@ -264,6 +266,19 @@ class Job(JobsDatabaseModel):
         waiting for its retry keeps the previous attempt's ``started_at`` until it is
         claimed again."""
         return None if self.status == JobStatus.PENDING else self.started_at
+
+    def dependency_results(self) -> dict[uuid.UUID, Any]:
+        """The results of the jobs this one [depends on](../how-to/workflows.md), by id,
+        in the order they were given.
+
+        One query. A dependency that did not complete (failed or cancelled, under
+        ``on_dependency_failure="run"``), returned nothing or a value that could not be
+        stored, gives ``None``; so does one that was pruned. ``{}`` for a job without
+        dependencies. In a chord's callback, ``list(job.dependency_results().values())``
+        are the members' results in the order of the group.
+        """
+        edges = JobDependency.objects.using(self._state.db).filter(job_id=self.pk)
+        return dict(edges.order_by("id").values_list("dependency_id", "dependency__result"))
 
     @property
     def is_finished(self) -> bool:

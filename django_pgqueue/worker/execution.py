@@ -194,12 +194,24 @@ def timeout_outcome(running: RunningJob) -> Outcome:
 
 
 def _result_json(value: Any) -> tuple[str | None, str | None]:
+    """The result to store, and a note when it cannot be: not JSON, or its JSON longer
+    than a payload may be (``PGQUEUE["MAX_PAYLOAD_BYTES"]``): results are read back by
+    the jobs that depend on it, and kept in the row the claim walks."""
     if value is None:
         return None, None
     try:
-        return json.dumps(value, allow_nan=False), None
+        text = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
         return None, f"the return value was not stored: it is not JSON-serialisable ({exc})"
+    limit = conf.get_settings().MAX_PAYLOAD_BYTES
+    size = len(text)  # json.dumps escapes every non-ASCII character: one byte each
+    if size > limit:
+        return None, (
+            f"the return value was not stored: its JSON is {size:,} bytes, more than "
+            f"PGQUEUE['MAX_PAYLOAD_BYTES'] ({limit:,}); store large results elsewhere "
+            "and return a reference"
+        )
+    return text, None
 
 
 def _send(signal: Any, job: Job, **kwargs: Any) -> None:

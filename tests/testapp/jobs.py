@@ -129,6 +129,13 @@ def returns_value(job):
     return {"doubled": job.data["n"] * 2}
 
 
+@job("tests.accumulate")
+def accumulate(job):
+    """Add ``data['n']`` to the totals of the jobs it depends on (a workflow's step)."""
+    earlier = [result["total"] for result in job.dependency_results().values() if result]
+    return {"total": sum(earlier) + job.data.get("n", 0), "seen": earlier}
+
+
 @job("tests.exits", max_attempts=1)
 def exits(job):
     raise SystemExit(3)

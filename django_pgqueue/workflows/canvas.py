@@ -1,0 +1,209 @@
+"""Chains, groups and chords: workflows written as steps, enqueued as one graph.
+
+Each form compiles to the specs of one ``enqueue_many`` call whose jobs depend on each
+other by index (``workflows.insert``): a chain makes each step depend on every last job
+of the step before it, a group puts its members side by side, and a chord is a group
+followed by a callback. Forms nest: ``chain(a, group(b, c), d)`` runs ``b`` and ``c``
+after ``a``, and ``d`` after both.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Unpack
+
+from .. import conf
+from ..exceptions import InvalidJobError
+from ..jobrows import prepared_rows
+from ..options import ENQUEUE_KEYS, EnqueueOptions, Step, check_keys
+from .insert import enqueue_graph
+
+if TYPE_CHECKING:
+    from ..models import Job
+
+__all__ = ["Chain", "Group", "Workflow", "chain", "chord", "group"]
+
+
+@dataclass(frozen=True)
+class Workflow:
+    """The jobs of an enqueued chain, group or chord.
+
+    Attributes:
+        id: The ``workflow_id`` of every job of it.
+        jobs: The jobs, one per step, in the order the steps were written (depth first).
+    """
+
+    id: uuid.UUID
+    jobs: list[Job]
+
+    def cancel(self) -> int:
+        """Cancel every job of the workflow not finished yet (see
+        [`JobQuerySet.cancel()`][django_pgqueue.models.JobQuerySet.cancel]): waiting and
+        pending jobs at once, running ones asked to stop. Returns how many changed."""
+        return cancel_workflow(self.id, using=self.jobs[0]._state.db)
+
+
+def cancel_workflow(workflow_id: uuid.UUID, *, using: str | None = None) -> int:
+    """Cancel every job of the workflow ``workflow_id`` that has not finished; see
+    [`Workflow.cancel()`][django_pgqueue.workflows.canvas.Workflow.cancel]."""
+    jobs = _job_model().objects.using(conf.jobs_database(using))
+    return jobs.filter(workflow_id=workflow_id).cancel()
+
+
+@functools.cache
+def _job_model() -> type[Job]:
+    # On first use: ``import django_pgqueue`` must work before the app registry is ready.
+    from ..models import Job
+
+    return Job
+
+
+class _Form:
+    """What chains and groups share: they can be enqueued, and nest."""
+
+    def enqueue(self, *, using: str | None = None, **options: Unpack[EnqueueOptions]) -> Workflow:
+        """Write every step as a job, in one transaction (a savepoint inside yours).
+
+        ``options`` (``queue``, ``priority``, ``on_dependency_failure``, ...) apply to
+        every step that does not set them itself. Inside ``transaction.atomic`` the
+        workflow exists only if the transaction commits. Raises ``InvalidJobError``,
+        naming the step as ``specs[i]`` (steps counted depth first), before anything
+        is written.
+        """
+        if options:
+            check_keys(options, ENQUEUE_KEYS, "enqueue()")
+            if "depends_on" in options:
+                raise TypeError(
+                    "enqueue() of a workflow takes no depends_on: give it to its first "
+                    "steps (Step(..., depends_on=[...]))"
+                )
+        specs: list[dict[str, Any]] = []
+        assert isinstance(self, (Chain, Group))
+        _compile(self, [], specs, dict(options))
+        rows = list(prepared_rows(specs))
+        jobs = enqueue_graph(rows, conf.jobs_database(using), _field)
+        workflow_id = jobs[0].workflow_id
+        assert workflow_id is not None
+        return Workflow(workflow_id, jobs)
+
+
+class Chain(_Form):
+    """Steps that run one after another; made by [`chain()`][django_pgqueue.chain]."""
+
+    def __init__(self, steps: tuple[Node, ...]) -> None:
+        self.steps = steps
+
+    def __repr__(self) -> str:
+        return f"chain({', '.join(map(repr, self.steps))})"
+
+
+class Group(_Form):
+    """Steps that run side by side; made by [`group()`][django_pgqueue.group]."""
+
+    def __init__(self, members: tuple[Node, ...]) -> None:
+        self.members = members
+
+    def __repr__(self) -> str:
+        return f"group({', '.join(map(repr, self.members))})"
+
+
+#: A step of a workflow: a job, or a chain or group of them.
+Node = Step | Chain | Group
+
+
+def chain(*steps: Node | Iterable[Node]) -> Chain:
+    """Steps that run one after another: each starts once the step before it completed.
+
+    ```python
+    chain(fetch.step({"url": url}), parse.step(), store.step()).enqueue()
+    ```
+
+    A step is a [`Step`][django_pgqueue.Step], or a chain or group; after a group, the
+    next step waits for every member of it. A step reads the results of the steps it
+    waits for with [`Job.dependency_results()`][django_pgqueue.models.Job.dependency_results].
+    Also ``django_pgqueue.chain``. Takes the steps as arguments or one iterable.
+    """
+    return Chain(_nodes(steps, "chain"))
+
+
+def group(*members: Node | Iterable[Node]) -> Group:
+    """Steps that run side by side (as many at once as workers take).
+
+    ```python
+    group(resize.step({"photo": pk}) for pk in photo_ids).enqueue()
+    ```
+
+    Also ``django_pgqueue.group``. Takes the members as arguments or one iterable.
+    """
+    return Group(_nodes(members, "group"))
+
+
+def chord(header: Node | Iterable[Node], callback: Node) -> Chain:
+    """A group, then a callback that runs once, after every member of it completed.
+
+    ```python
+    chord(
+        (resize.step({"photo": pk}) for pk in photo_ids),
+        build_preview.step({"album": album.pk}),
+    ).enqueue()
+    ```
+
+    ``header``: a group, or steps to make one of. The callback reads the members'
+    results, in order, with ``list(job.dependency_results().values())``. Each member's
+    completion costs the same however large the group (see
+    [Workflow semantics](../explanation/workflows.md)). Also ``django_pgqueue.chord``.
+    """
+    members = header if isinstance(header, Group) else group(header)
+    return Chain((members, *_nodes((callback,), "chord")))
+
+
+def _nodes(items: tuple[Any, ...], form: str) -> tuple[Node, ...]:
+    single = items[0] if len(items) == 1 else None
+    if isinstance(single, Iterable) and not isinstance(single, (Step, Chain, Group, str, bytes)):
+        items = tuple(single)
+    for index, item in enumerate(items):
+        if not isinstance(item, (Step, Chain, Group)):
+            raise TypeError(
+                f"{form}() takes Steps, chains and groups; item {index} is {item!r} "
+                "(make a step with Step(job_type, data) or a_job.step(data))"
+            )
+    if not items:
+        raise InvalidJobError("steps", f"{form}() needs at least one step")
+    return items
+
+
+def _compile(
+    node: Node, after: list[int], specs: list[dict[str, Any]], defaults: dict[str, Any]
+) -> list[int]:
+    """Append ``node``'s specs, its first jobs depending on the specs ``after``; return
+    the indexes of its last jobs (those a following step waits for)."""
+    if isinstance(node, Step):
+        given = node.options.get("depends_on")
+        if given is not None and not isinstance(given, (list, tuple)):
+            given = [given]
+        if any(isinstance(item, int) and not isinstance(item, bool) for item in given or ()):
+            raise InvalidJobError(
+                f"specs[{len(specs)}].depends_on",
+                "a step's depends_on names jobs that exist already, not indexes",
+            )
+        depends_on = [*after, *(given or ())]
+        spec = {**defaults, **node.options, "job_type": node.job_type, "data": node.data}
+        if depends_on:
+            spec["depends_on"] = depends_on
+        elif "on_dependency_failure" not in node.options:
+            spec.pop("on_dependency_failure", None)  # the workflow's, for steps that wait
+        specs.append(spec)
+        return [len(specs) - 1]
+    if isinstance(node, Chain):
+        last = after
+        for step in node.steps:
+            last = _compile(step, last, specs, defaults)
+        return last
+    return [index for member in node.members for index in _compile(member, after, specs, defaults)]
+
+
+def _field(index: int) -> str:
+    return f"specs[{index}].depends_on"

@@ -1,0 +1,164 @@
+"""Chains, groups and chords: steps written as one graph, run in order by workers, the
+results of earlier steps read by later ones."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import transaction
+
+from django_pgqueue import InvalidJobError, Step, chain, chord, group
+from django_pgqueue.models import Job, JobDependency, JobStatus
+from django_pgqueue.registry import find_definition
+from django_pgqueue.worker import Worker
+
+pytestmark = pytest.mark.django_db
+
+
+def add(n: int, **options) -> Step:
+    return Step("tests.accumulate", {"n": n}, **options)
+
+
+def waits_for(job: Job) -> set:
+    return set(JobDependency.objects.filter(job=job).values_list("dependency_id", flat=True))
+
+
+def test_a_chain_makes_each_step_wait_for_the_one_before():
+    workflow = chain(add(1), add(2), add(3)).enqueue()
+
+    first, second, third = workflow.jobs
+    assert [job.status for job in workflow.jobs] == ["pending", "waiting", "waiting"]
+    assert (waits_for(first), waits_for(second), waits_for(third)) == (
+        set(),
+        {first.id},
+        {second.id},
+    )
+    assert {job.workflow_id for job in workflow.jobs} == {workflow.id}
+
+
+def test_forms_nest_a_step_after_a_group_waits_for_every_member():
+    workflow = chain(add(1), group(add(2), chain(add(3), add(4))), add(5)).enqueue()
+
+    a, b, c, d, e = workflow.jobs
+    assert waits_for(b) == waits_for(c) == {a.id}
+    assert waits_for(d) == {c.id}
+    assert waits_for(e) == {b.id, d.id}
+
+
+def test_a_group_runs_side_by_side_in_one_workflow():
+    workflow = group(add(n) for n in range(3)).enqueue()
+
+    assert [job.status for job in workflow.jobs] == ["pending"] * 3
+    assert not JobDependency.objects.exists()
+    assert len({job.workflow_id for job in workflow.jobs}) == 1
+
+
+def test_the_options_of_the_workflow_apply_to_steps_that_do_not_set_their_own():
+    workflow = chain(add(1), add(2, priority=7)).enqueue(
+        queue="flows", priority=3, on_dependency_failure="run"
+    )
+
+    assert [(job.queue, job.priority) for job in workflow.jobs] == [("flows", 3), ("flows", 7)]
+    assert JobDependency.objects.get().on_failure == "run"
+
+
+def test_a_step_can_also_wait_for_a_job_that_exists():
+    earlier = Step("tests.noop")
+    (existing,) = group(earlier).enqueue().jobs
+
+    workflow = chain(add(1, depends_on=[existing]), add(2)).enqueue()
+
+    assert waits_for(workflow.jobs[0]) == {existing.id}
+
+
+def test_a_job_types_step_is_a_step_of_that_type():
+    definition = find_definition("tests.accumulate")
+
+    assert definition.step({"n": 1}, queue="q") == Step("tests.accumulate", {"n": 1}, queue="q")
+
+
+def test_cancelling_a_workflow_cancels_every_job_not_finished():
+    workflow = chain(add(1), add(2), add(3)).enqueue()
+    Job.objects.filter(pk=workflow.jobs[0].pk).update(status=JobStatus.COMPLETED)
+
+    assert workflow.cancel() == 2
+
+    statuses = [Job.objects.get(pk=job.pk).status for job in workflow.jobs]
+    assert statuses == ["completed", "cancelled", "cancelled"]
+
+
+def test_a_workflow_exists_only_if_the_transaction_commits():
+    with pytest.raises(RuntimeError), transaction.atomic():
+        chain(add(1), add(2)).enqueue()
+        raise RuntimeError
+
+    assert not Job.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_chain_passes_each_result_to_the_next_step():
+    workflow = chain(add(n) for n in range(1, 5)).enqueue()
+
+    Worker(concurrency=4, burst=True).run()
+
+    results = [Job.objects.get(pk=job.pk).result for job in workflow.jobs]
+    assert results == [
+        {"total": 1, "seen": []},
+        {"total": 3, "seen": [1]},
+        {"total": 6, "seen": [3]},
+        {"total": 10, "seen": [6]},
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_chords_callback_runs_once_with_the_members_results_in_order():
+    workflow = chord([add(n) for n in range(1, 6)], add(0)).enqueue()
+
+    Worker(concurrency=4, burst=True).run()
+
+    callback = Job.objects.get(pk=workflow.jobs[-1].pk)
+    assert callback.status == JobStatus.COMPLETED
+    assert callback.result == {"total": 15, "seen": [1, 2, 3, 4, 5]}
+    assert callback.attempts == 1
+
+
+def test_dependency_results_are_none_for_jobs_that_did_not_complete():
+    workflow = chord([add(1), add(2)], add(0)).enqueue(on_dependency_failure="run")
+    first, second, callback = workflow.jobs
+    Job.objects.filter(pk=first.pk).update(status=JobStatus.COMPLETED, result={"total": 1})
+    Job.objects.filter(pk=second.pk).update(status=JobStatus.FAILED)
+
+    assert Job.objects.get(pk=callback.pk).dependency_results() == {
+        first.id: {"total": 1},
+        second.id: None,
+    }
+    assert first.dependency_results() == {}
+
+
+class TestBadInput:
+    def test_an_empty_chain(self):
+        with pytest.raises(InvalidJobError, match="needs at least one step"):
+            chain()
+
+    def test_something_that_is_not_a_step(self):
+        with pytest.raises(TypeError, match="item 1 is 'x'"):
+            group(add(1), "x")
+
+    def test_an_unknown_option_of_a_step(self):
+        with pytest.raises(TypeError, match="unexpected keyword arguments"):
+            Step("tests.noop", colour="red")
+
+    def test_an_index_in_a_steps_depends_on(self):
+        with pytest.raises(InvalidJobError) as raised:
+            chain(add(1), add(2, depends_on=[0])).enqueue()
+        assert raised.value.field == "specs[1].depends_on"
+        assert not Job.objects.exists()
+
+    def test_depends_on_for_the_whole_workflow(self):
+        with pytest.raises(TypeError, match="takes no depends_on"):
+            chain(add(1)).enqueue(depends_on=[])
+
+    def test_an_unregistered_job_type_writes_nothing(self):
+        with pytest.raises(InvalidJobError) as raised:
+            chain(add(1), Step("tests.nobody")).enqueue()
+        assert raised.value.field == "specs[1].job_type"
+        assert not Job.objects.exists()
