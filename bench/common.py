@@ -297,7 +297,9 @@ def harness_parser(description: str, extra: Sequence[str] = ()) -> argparse.Argu
     p = sub.add_parser("drain", help="enqueue (untimed), then time workers draining the queue")
     p.add_argument("--jobs", type=int, required=True)
     p.add_argument("--layout", default="1x4", help="PROCESSESxSLOTS")
-    p.add_argument("--kind", choices=["noop", "cpu_flaky", "keyed", "rated_keys"], default="noop")
+    p.add_argument(
+        "--kind", choices=["noop", "cpu_flaky", "keyed", "rated_keys", "chord"], default="noop"
+    )
     p.add_argument(
         "--keep",
         action="store_true",
@@ -316,6 +318,13 @@ def harness_parser(description: str, extra: Sequence[str] = ()) -> argparse.Argu
     p = sub.add_parser("latency", help="enqueue-commit to job start, idle worker")
     p.add_argument("--samples", type=int, required=True)
     p.add_argument("--layout", default="1x4")
+    p = sub.add_parser(
+        "chain",
+        help="W8: a chain of --steps no-op jobs run by idle workers; report the time from "
+        "each step's finish to the next one's start",
+    )
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--layout", default="1x4")
     p = sub.add_parser("fill-finished", help="add finished rows (W5)")
     p.add_argument("--rows", type=int, required=True)
     p = sub.add_parser("worker", help="(internal) one worker process")
@@ -332,6 +341,7 @@ _STANDARD_COMMANDS = (
     "drain",
     "rate-limit",
     "latency",
+    "chain",
     "fill-finished",
 )
 

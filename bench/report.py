@@ -180,6 +180,8 @@ def targets(results: Results, ours: str = "pgqueue") -> list[Target]:
     slowdown = _ratio(w3, w5.median if w5 else None)
     w9 = results.find(ours, "W9", variant)
     w11 = results.find(ours, "W11", variant)
+    w8 = results.find(ours, "W8", variant)
+    w8_chain = results.find(ours, "W8-chain-p50")
     w10 = results.find(ours, "W10", W10_LAYOUT)
     w10_peak = results.find(ours, "W10-peak", W10_LAYOUT)
     limit = results.meta.get("w10_rate")
@@ -234,6 +236,21 @@ def targets(results: Results, ours: str = "pgqueue") -> list[Target]:
             0.5,
             unit="x",
             detail=f"layout {variant or '-'}",
+        ),
+        Target(
+            "W8 chord of 10,000 and a callback, vs W3",
+            _ratio(w8.median if w8 else None, w3),
+            0.5,
+            unit="x",
+            detail=f"layout {variant or '-'}; enqueue to callback done",
+        ),
+        Target(
+            "W8 chain step-to-step p50",
+            w8_chain.median if w8_chain else None,
+            5.0,
+            False,
+            unit="ms",
+            detail="a step's start minus the previous step's finish",
         ),
         Target(
             "W10 rate kept, off the limit by",
@@ -384,6 +401,30 @@ def markdown(results: Results) -> str:
                 _ratio_cell(results, system.name, ("W9", "W3"), variant),
                 _cell(results, system.name, "W11", variant, "jobs/s"),
                 _ratio_cell(results, system.name, ("W11", "W3"), variant),
+            ]
+            out.append(f"| {_system_label(results, system.name)} | " + " | ".join(cells) + " |")
+    out += [
+        "",
+        "## Workflows (W8)",
+        "",
+        "A chord: its members side by side, then a callback after them all, timed from the "
+        "start of the enqueue to the callback's finish. A chain: each step's start minus the "
+        "previous step's finish, idle workers.",
+        "",
+        "| System | Slots | W8 chord (jobs/s) | W8 / W3 | chain step-to-step p50 (ms) | p95 (ms) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for system in results.systems:
+        if system.status != "ok" or system.name == "reference":
+            continue
+        for index, (variant, how) in enumerate(system.slots.items()):
+            chain = index == 0  # the chain runs in the first layout only
+            cells = [
+                how,
+                _cell(results, system.name, "W8", variant, "jobs/s"),
+                _ratio_cell(results, system.name, ("W8", "W3"), variant),
+                _cell(results, system.name, "W8-chain-p50", "", "ms") if chain else "",
+                _cell(results, system.name, "W8-chain-p95", "", "ms") if chain else "",
             ]
             out.append(f"| {_system_label(results, system.name)} | " + " | ".join(cells) + " |")
     limit = meta.get("w10_rate")

@@ -86,7 +86,7 @@ class Sizes:
     #: number in every run (flagged in the report). None: always the nominal size.
     budget: float | None
     #: Drains run in every layout of a system; the others in its first layout only.
-    every_layout: tuple[str, ...] = ("W3", "W5", "W6", "W9", "W11")
+    every_layout: tuple[str, ...] = ("W3", "W5", "W6", "W8", "W9", "W11")
     #: W9: jobs over ``W9_KEYS`` keys, each key limited to one job at a time.
     w9: int = 20_000
     #: W11: jobs over ``W9_KEYS`` keys, each key under a rate of ``W11_RATE`` a second.
@@ -94,19 +94,36 @@ class Sizes:
     #: W10: a rate limit of ``w10_rate`` jobs a second, measured over ``w10_seconds``.
     w10_rate: int = 100
     w10_seconds: float = 60.0
+    #: W8: a chord of this many jobs (members and the callback), and a chain of so many
+    #: steps.
+    w8: int = 10_001
+    w8_chain: int = 1_000
 
     def describe(self) -> str:
         return (
             f"W1 {self.w1:,} jobs, W2 {self.w2:,}, W3 {self.w3:,}, W4 {self.w4} samples, "
             f"W5 {self.w5_rows:,} finished rows, W6 {self.w6:,}, W9 {self.w9:,} over "
             f"{W9_KEYS:,} keys, W10 {self.w10_rate}/s for {self.w10_seconds:g} s, W11 "
-            f"{self.w11:,} over {W9_KEYS:,} keys at {W11_RATE}/s each"
+            f"{self.w11:,} over {W9_KEYS:,} keys at {W11_RATE}/s each, W8 a chord of "
+            f"{self.w8 - 1:,} jobs and a callback, and a chain of {self.w8_chain:,} steps"
         )
 
 
 FULL = Sizes(10_000, 50_000, 20_000, 200, 1_000_000, 3_000, 3, 20.0)
 QUICK = Sizes(
-    2_000, 10_000, 5_000, 50, 100_000, 1_000, 1, None, w9=5_000, w10_seconds=20, w11=5_000
+    2_000,
+    10_000,
+    5_000,
+    50,
+    100_000,
+    1_000,
+    1,
+    None,
+    w9=5_000,
+    w10_seconds=20,
+    w11=5_000,
+    w8=2_501,
+    w8_chain=200,
 )
 SMOKE = Sizes(
     100,
@@ -122,6 +139,8 @@ SMOKE = Sizes(
     w10_rate=20,
     w10_seconds=2,
     w11=200,
+    w8=201,
+    w8_chain=20,
 )
 
 
@@ -129,6 +148,8 @@ SMOKE = Sizes(
 NO_PER_KEY_LIMITS = "n/a: no per-key concurrency limit"
 #: Why a peer has no W10 or W11 figure.
 NO_RATE_LIMITS = "n/a: no cluster-wide rate limit"
+#: Why a peer has no W8 figure.
+NO_WORKFLOWS = "n/a: no workflows (chords, chains)"
 
 
 @dataclass(frozen=True)
@@ -177,6 +198,7 @@ SYSTEMS = [
         "procrastinate",
         {"1x4": "1 process, `concurrency=4` (async tasks)"},
         unsupported={
+            "W8": NO_WORKFLOWS,
             "W9": "n/a: not measured yet (its `lock` runs one job per key)",
             "W10": NO_RATE_LIMITS,
             "W11": NO_RATE_LIMITS,
@@ -194,6 +216,7 @@ SYSTEMS = [
         "pgqueuer",
         {"1x4": "1 process, `max_concurrent_tasks=4`, `batch_size=2` (async)"},
         unsupported={
+            "W8": NO_WORKFLOWS,
             "W9": NO_PER_KEY_LIMITS,
             "W10": "n/a: not measured yet (its entrypoints take `requests_per_second`)",
             "W11": "n/a: no per-key rate limit",
@@ -212,6 +235,7 @@ SYSTEMS = [
         {"4x1": "4 `db_worker` processes x 1 task"},
         unsupported={
             "W6": "n/a: no retries",
+            "W8": NO_WORKFLOWS,
             "W9": NO_PER_KEY_LIMITS,
             "W10": NO_RATE_LIMITS,
             "W11": NO_RATE_LIMITS,
@@ -224,7 +248,7 @@ SYSTEMS = [
     ),
 ]
 PEER_EXTRA_LAYOUT = {"2x2": "2 processes x concurrency 2"}
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W9", "W10", "W11")
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W8", "W9", "W10", "W11")
 ALL_NAMES = [spec.name for spec in SYSTEMS] + ["pgbench"]
 
 
@@ -697,13 +721,42 @@ class Bench:
                 else:
                     p99.error = p50.error
 
+    def chain_latency(self) -> None:
+        """W8's chain: the time from each step's finish to the next step's start."""
+        for run in self.each_run():
+            for system in self.in_turn(run):
+                p50 = self.results.figure(system.spec.name, "W8-chain-p50")
+                p95 = self.results.figure(system.spec.name, "W8-chain-p95")
+                if "W8" in system.spec.unsupported:
+                    p50.error = p95.error = system.spec.unsupported["W8"]
+                    continue
+                layout = next(iter(system.layouts))
+                result = self.record(
+                    p50,
+                    f"W8 run {run} {system.spec.name} chain step-to-step p50 ms",
+                    lambda s=system, layout=layout, n=str(self.sizes.w8_chain): _percentiles(
+                        s.run("chain", "--steps", n, "--layout", layout)
+                    ),
+                    key="p50",
+                    scale=1000,
+                )
+                if result:
+                    p95.values.append(result["p95"] * 1000)
+                else:
+                    p95.error = p50.error
+
 
 def _percentiles(result: dict[str, Any]) -> dict[str, Any]:
     samples = sorted(result["samples"])
     if not samples:
         raise HarnessError("no latency sample")
+    p95_index = min(len(samples) - 1, math.ceil(0.95 * len(samples)) - 1)
     p99_index = min(len(samples) - 1, math.ceil(0.99 * len(samples)) - 1)
-    return {"p50": statistics.median(samples), "p99": samples[p99_index]}
+    return {
+        "p50": statistics.median(samples),
+        "p95": samples[p95_index],
+        "p99": samples[p99_index],
+    }
 
 
 def prepare(bench: Bench, specs: Sequence[SystemSpec], admin_url: str, args: Any) -> None:
@@ -871,6 +924,7 @@ def baseline_spec(rev: str, venv_dir: Path) -> SystemSpec:
         notes=(f"The package as of {commit[:9]} ({rev}), with this tree's harness.",),
         # Per-key limits may be newer than the baseline: compare W9 with W3 instead.
         unsupported={
+            "W8": "n/a: compared with W3 of the same run",
             "W9": "n/a: compared with W3 of the same run",
             "W10": "n/a: measured against the limit, not the baseline",
             "W11": "n/a: compared with W3 of the same run",
@@ -965,6 +1019,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 bench.latency()
             if "W6" in bench.workloads:
                 bench.drain("W6", sizes.w6, kind="cpu_flaky")
+            if "W8" in bench.workloads:
+                bench.drain("W8", sizes.w8, kind="chord")
+                bench.chain_latency()
             if "W9" in bench.workloads:
                 bench.drain("W9", sizes.w9, kind="keyed")
             if "W10" in bench.workloads:

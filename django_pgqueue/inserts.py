@@ -15,7 +15,7 @@ import itertools
 import json
 import math
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -187,20 +187,27 @@ def returning_jobs(sql: str, params: list[Any], using: str) -> list[Job]:
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def _built(rows: list[JobRow], times: list[tuple[datetime, datetime]], using: str) -> list[Job]:
-    """The ``Job``s plain inserts of ``rows`` created, without reading the rows back.
+def built(
+    rows: Sequence[JobRow],
+    times: Sequence[tuple[datetime, datetime]],
+    using: str,
+    extra: Sequence[dict[str, Any]] | None = None,
+) -> list[Job]:
+    """The ``Job``s inserts of ``rows`` created, without reading the rows back.
 
-    ``times``: each row's ``created_at`` and ``run_at``.
+    ``times``: each row's ``created_at`` and ``run_at``; ``extra``: each row's values
+    of the columns the plain inserts leave to their defaults (a workflow's status).
     """
     # One decode for the whole batch: each job gets its data as stored (JSON round trip).
     datas = json.loads("[" + ",".join(row.data for row in rows) + "]")
-    return _job_model().from_new_rows(
-        [
-            _inserted_values(row, data, created_at, run_at)
-            for row, data, (created_at, run_at) in zip(rows, datas, times, strict=True)
-        ],
-        using,
-    )
+    values = [
+        _inserted_values(row, data, created_at, run_at)
+        for row, data, (created_at, run_at) in zip(rows, datas, times, strict=True)
+    ]
+    if extra is not None:
+        for row_values, more in zip(values, extra, strict=True):
+            row_values.update(more)
+    return _job_model().from_new_rows(values, using)
 
 
 def built_one(row: JobRow, created_us: int, run_us: int, using: str) -> Job:
@@ -305,7 +312,7 @@ def _copy_rows(first: list[JobRow], more: Iterator[JobRow], using: str) -> list[
                     for index, row in enumerate(part)
                 ]
                 times.extend(part_times)
-                copy.write("".join(map(_copy_line, part, part_times, itertools.repeat(now_text))))
+                copy.write("".join(map(copy_line, part, part_times, itertools.repeat(now_text))))
                 # An InvalidJobError raised here leaves the block: psycopg ends the COPY
                 # with an error, and the caller's transaction rolls back what was sent.
                 part = list(itertools.islice(more, COPY_PART_ROWS))
@@ -313,7 +320,7 @@ def _copy_rows(first: list[JobRow], more: Iterator[JobRow], using: str) -> list[
                 if any(row.unique_key is not None or row.depends_on is not None for row in part):
                     raise KeyedRowFound(rows)
             # Built while the server inserts the last part; returned only if the COPY ends well.
-            jobs = _built(rows, times, using)
+            jobs = built(rows, times, using)
         settle_held(jobs, rows, using)
         if connection.queries_logged:
             # What Django's debug cursor records for execute(): COPY bypasses it.
@@ -375,7 +382,7 @@ def _notify_copied(
         cursor.execute(_NOTIFY_QUEUES, [channel, queues, [earliest[q] for q in queues]])
 
 
-def _copy_line(row: JobRow, times: tuple[datetime, datetime], now_text: str) -> str:
+def copy_line(row: JobRow, times: tuple[datetime, datetime], now_text: str) -> str:
     """``row`` as a line of COPY's text format, in ``_COPY``'s column order.
 
     Job types and queue names are validated (no tab, newline or backslash), and JSON text
@@ -387,7 +394,7 @@ def _copy_line(row: JobRow, times: tuple[datetime, datetime], now_text: str) -> 
     data = row.data.replace("\\", "\\\\")
     run_text = now_text if row.undelayed else run_at.isoformat()
     key = row.concurrency_key
-    key_text = "\\N" if key is None else key.translate(_COPY_ESCAPES)
+    key_text = "\\N" if key is None else key.translate(COPY_ESCAPES)
     return (
         f"{row.id.int:032x}\t{row.job_type}\t{row.queue}\t{row.priority}\t{data}\t"
         f"{run_text}\t{row.max_attempts}\t{key_text}\t{'t' if row.held else 'f'}\t"
@@ -396,7 +403,7 @@ def _copy_line(row: JobRow, times: tuple[datetime, datetime], now_text: str) -> 
 
 
 # COPY's text format: a backslash, tab, newline or carriage return in a value is escaped.
-_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 
 
 def run_at_of(row: JobRow, now: datetime) -> datetime:

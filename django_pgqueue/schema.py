@@ -132,3 +132,13 @@ class OnDependencyFailure(models.TextChoices):
 
     CANCEL = "cancel", _("Cancel")
     RUN = "run", _("Run anyway")
+
+
+def edge_resolved(on_failure: str, status: str) -> bool:
+    """Whether a dependency with this failure policy no longer holds its dependent back
+    while the job it names has this status: when that job completed, or, under
+    ``"run"``, failed or was cancelled. The SQL function ``pgqueue_edge_resolved``
+    states the same rule (a test holds them together)."""
+    return status == JobStatus.COMPLETED or (
+        on_failure == OnDependencyFailure.RUN and status in (JobStatus.FAILED, JobStatus.CANCELLED)
+    )

@@ -52,7 +52,8 @@ def test_bench_smoke_run_measures_every_workload(tmp_path: Path) -> None:
         assert re.fullmatch(r"[\d,.]+", cell), row
     # The W1 target's figure: our enqueue interleaved with the bare INSERT.
     assert re.search(r"^W1 interleaved with the bare INSERT .*: [\d.]+x \(", report, re.M), report
-    drains = [line for line in report.splitlines() if "threads (`--concurrency" in line]
+    draining = report.split("## Draining", 1)[1].split("\n## ", 1)[0]
+    drains = [line for line in draining.splitlines() if "threads (`--concurrency" in line]
     assert len(drains) == 2, report  # both ways of spending the slots
     for index, line in enumerate(drains):
         cells = (cell.strip() for cell in line.strip("|").split("|")[2:10])
@@ -63,9 +64,15 @@ def test_bench_smoke_run_measures_every_workload(tmp_path: Path) -> None:
             assert re.fullmatch(r"[\d.]+x", slowdown), line
             assert re.fullmatch(r"[\d,.]+", w9) and re.fullmatch(r"[\d.]+x", w9_ratio), line
             assert re.fullmatch(r"[\d,.]+", w11) and re.fullmatch(r"[\d.]+x", w11_ratio), line
+    # W8: the chord's rate and its ratio to W3, the chain's step-to-step times.
+    workflows = report.split("## Workflows (W8)", 1)[1].split("\n## ", 1)[0]
+    first = next(line for line in workflows.splitlines() if "threads (`--concurrency" in line)
+    chord, ratio, chain_p50, chain_p95 = (cell.strip() for cell in first.strip("|").split("|")[2:6])
+    assert re.fullmatch(r"[\d,.]+", chord) and re.fullmatch(r"[\d.]+x", ratio), first
+    assert re.fullmatch(r"[\d,.]+", chain_p50) and re.fullmatch(r"[\d,.]+", chain_p95), first
     # Every target is judged; the ones needing peers or pgbench say n/a.
     verdicts = re.findall(r"^(PASS|MISS|n/a )\s", result.stdout, re.MULTILINE)
-    assert len(verdicts) == 11, result.stdout[-2000:]
+    assert len(verdicts) == 13, result.stdout[-2000:]
     # W10: the rate limit kept, never exceeded in any second.
     assert re.search(r"^PASS  W10 most starts in any second", result.stdout, re.M), result.stdout
     lines = report.splitlines()

@@ -39,6 +39,7 @@ def test_a_job_waits_for_the_job_it_depends_on():
     assert JobWait.objects.get(job=second).unresolved == 1
     edge = JobDependency.objects.get(job=second)
     assert (edge.dependency_id, edge.on_failure, edge.resolved) == (first.id, "cancel", False)
+    assert JobDependency.objects.filter(dependency=first).count() == 1
 
 
 def test_completing_the_dependency_releases_the_job_in_the_same_transaction():
@@ -159,6 +160,21 @@ def test_under_run_anyway_a_failed_dependency_counts_as_finished():
     assert status(second) == JobStatus.PENDING
 
 
+def test_retrying_a_failed_dependency_under_run_anyway_waits_for_it_again():
+    flaky, other = enqueue("tests.noop"), enqueue("tests.noop")
+    job = enqueue("tests.noop", depends_on=[flaky, other], on_dependency_failure="run")
+    finish(flaky, JobStatus.FAILED)
+    assert JobWait.objects.get(job=job).unresolved == 1
+
+    Job.objects.filter(pk=flaky.pk).retry()
+
+    assert JobWait.objects.get(job=job).unresolved == 2
+    finish(other)
+    assert status(job) == JobStatus.WAITING
+    finish(flaky)
+    assert status(job) == JobStatus.PENDING
+
+
 def test_a_dependency_can_override_the_jobs_failure_policy():
     optional, required = enqueue("tests.noop"), enqueue("tests.noop")
     job = enqueue("tests.noop", depends_on=[Dependency(optional, on_failure="run"), required])
@@ -257,6 +273,26 @@ def test_a_dependency_that_failed_before_the_enqueue_cancels_the_job_at_birth():
     assert [status(job) for job in jobs[:2]] == [JobStatus.WAITING, JobStatus.WAITING]
 
 
+def test_the_jobs_returned_are_the_rows_written():
+    failed = enqueue("tests.noop")
+    finish(failed, JobStatus.FAILED)
+
+    jobs = enqueue_many(
+        [
+            {"job_type": "tests.noop", "data": {"n": 1}, "priority": 7},
+            {"job_type": "tests.noop", "depends_on": [0], "delay": 60},
+            {"job_type": "tests.noop", "depends_on": [failed]},
+        ]
+    )
+
+    fields = [field.attname for field in Job._meta.concrete_fields]
+    for job in jobs:
+        stored = Job.objects.get(pk=job.pk)
+        assert {name: getattr(job, name) for name in fields} == {
+            name: getattr(stored, name) for name in fields
+        }
+
+
 def test_jobs_outside_workflows_are_left_alone():
     plain = enqueue("tests.noop")
 
@@ -314,7 +350,7 @@ def test_two_dependencies_completing_at_once_release_the_job_once(other_connecti
     assert done.is_set()
     assert status(callback) == JobStatus.PENDING
     assert not JobWait.objects.filter(job=callback).exists()
-    assert JobDependency.objects.filter(job=callback, resolved=True).count() == 2
+    assert all(edge.resolved for edge in JobDependency.objects.filter(job=callback))
 
 
 @pytest.mark.django_db(transaction=True)

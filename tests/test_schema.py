@@ -18,6 +18,8 @@ from django_pgqueue.schema import (
     IN_FLIGHT,
     RETRYABLE,
     JobStatus,
+    OnDependencyFailure,
+    edge_resolved,
     literal,
     status_in,
     values,
@@ -80,6 +82,19 @@ def test_workflow_steps_are_settled_when_they_finish_or_are_retried():
     assert finished == set(values(FINISHED))
     assert retried_from == set(values(RETRYABLE))
     assert retried_to == set(values(CANCELLABLE))
+
+
+@pytest.mark.parametrize("on_failure", OnDependencyFailure.values)
+def test_the_database_resolves_dependencies_by_the_same_rule(on_failure):
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT status, pgqueue_edge_resolved(%s, status) FROM unnest(%s::text[]) AS status",
+            [on_failure, JobStatus.values],
+        )
+        in_sql = dict(cursor.fetchall())
+
+    assert in_sql == {status: edge_resolved(on_failure, status) for status in JobStatus.values}
+    assert in_sql[JobStatus.COMPLETED] and not in_sql[JobStatus.RUNNING]
 
 
 def test_the_status_constraint_allows_exactly_the_states():

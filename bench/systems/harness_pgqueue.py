@@ -9,6 +9,7 @@ single-row INSERT transaction on the same table (the W1 reference), and
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import time
@@ -53,6 +54,17 @@ def enqueue_in_chunks(job_type: str, jobs: int, chunk: int, *, keys: int = 0) ->
             {"job_type": job_type, "data": {"i": i, "key": i % keys} if keys else {"i": i}}
             for i in range(start, min(start + chunk, jobs))
         )
+
+
+def enqueue_chord(members: int) -> None:
+    """W8: ``members`` no-op jobs side by side, then one no-op callback after them all,
+    written as one workflow (``chord()``)."""
+    from django_pgqueue import Step, chord
+
+    chord(
+        [Step("bench.noop", {"i": i}) for i in range(members)],
+        Step("bench.noop", {"i": members}),
+    ).enqueue()
 
 
 def _declare_keyed_jobs() -> None:
@@ -204,7 +216,13 @@ def drain(args: Any) -> dict[str, Any]:
         "rated_keys": "bench.rated_keys",
     }
     keys = common.W9_KEYS if args.kind in ("keyed", "rated_keys") else 0
-    enqueue_in_chunks(job_type[args.kind], args.jobs, 5000, keys=keys)
+    enqueue_seconds = 0.0
+    if args.kind == "chord":
+        began = time.perf_counter()
+        enqueue_chord(args.jobs - 1)
+        enqueue_seconds = time.perf_counter() - began
+    else:
+        enqueue_in_chunks(job_type[args.kind], args.jobs, 5000, keys=keys)
     _execute(f"ANALYZE {TABLE}")  # statistics as autovacuum would leave them
     before = _completed()
     from django.db import connection
@@ -217,7 +235,8 @@ def drain(args: Any) -> dict[str, Any]:
     if done != args.jobs:
         raise RuntimeError(f"{done} of {args.jobs} jobs completed")
     last = _execute(f"SELECT extract(epoch FROM max(completed_at)) FROM {TABLE}")[0][0]
-    return common.drain_rate(args.jobs, start, float(last), end)
+    # W8 is timed from the enqueue: the workflow's writing is part of its cost.
+    return common.drain_rate(args.jobs, start - enqueue_seconds, float(last), end)
 
 
 def rate_limit(args: Any) -> dict[str, Any]:
@@ -268,6 +287,31 @@ def latency(args: Any) -> dict[str, Any]:
     return {"samples": samples}
 
 
+def chain_latency(args: Any) -> dict[str, Any]:
+    """W8's chain: ``--steps`` no-op jobs one after another, run by idle (not burst)
+    workers; each step's start minus the start of the step before (the no-op handler
+    takes microseconds), as the handlers report them (the latency probe's clock). The
+    database's times cannot tell: a worker records a finish and claims the next step in
+    one transaction, under one ``now()``."""
+    from django_pgqueue import Step, chain
+
+    _truncate()
+    receiver = common.ProbeReceiver()
+    env = {**os.environ, "BENCH_PROBE_PORT": str(receiver.port)}
+    processes, slots = common.parse_layout(args.layout)
+    group = common.WorkerGroup.start([_worker_command(args, slots, False)] * processes, env=env)
+    try:
+        group.go()
+        time.sleep(1.0)  # let the workers settle into their idle wait
+        steps = (Step("bench.noop", {"i": i, "probe": True}) for i in range(args.steps))
+        chain(steps).enqueue()
+        started = [receiver.wait(i) for i in range(args.steps)]
+    finally:
+        group.terminate()
+        receiver.close()
+    return {"samples": [after - before for before, after in itertools.pairwise(started)]}
+
+
 def fill_finished(args: Any) -> dict[str, Any]:
     began = time.perf_counter()
     _execute(
@@ -305,6 +349,7 @@ COMMANDS = {
     "baseline-insert": baseline_insert,
     "drain": drain,
     "latency": latency,
+    "chain": chain_latency,
     "rate-limit": rate_limit,
     "fill-finished": fill_finished,
 }

@@ -22,6 +22,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy
 
 from ..models import Job, JobDependency, JobWait
+from ..schema import edge_resolved
 from .base import JobModelAdmin
 from .formatting import TEMPLATES
 
@@ -94,7 +95,16 @@ def _edge_list(edges: QuerySet[JobDependency], side: str, job: Job, wait: JobWai
         f"{TEMPLATES}/edges.html",
         {
             "rows": [
-                {"job": getattr(edge, side), "edge": edge, "url": _job_url(getattr(edge, side))}
+                {
+                    "job": getattr(edge, side),
+                    "edge": edge,
+                    "url": _job_url(getattr(edge, side)),
+                    # The dependency of an edge to a dependent is this job: no query.
+                    "resolved": edge_resolved(
+                        edge.on_failure,
+                        edge.dependency.status if side == "dependency" else job.status,
+                    ),
+                }
                 for edge in shown
             ],
             "more": total - len(shown),

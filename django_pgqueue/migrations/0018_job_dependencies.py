@@ -43,7 +43,6 @@ class Migration(migrations.Migration):
                         choices=[("cancel", "Cancel"), ("run", "Run anyway")], max_length=8
                     ),
                 ),
-                ("resolved", models.BooleanField(db_default=False)),
                 (
                     "dependency",
                     models.ForeignKey(
@@ -190,9 +189,10 @@ class Migration(migrations.Migration):
                 DROP TRIGGER pgqueue_jobs_note_settlement ON pgqueue_jobs;
                 DROP FUNCTION pgqueue_settle_statement();
                 DROP FUNCTION pgqueue_note_settlement();
-                DROP FUNCTION pgqueue_settle_jobs(uuid[]);
+                DROP FUNCTION pgqueue_settle_jobs(uuid[], text[], text[]);
                 DROP FUNCTION pgqueue_resume_dependents(uuid[]);
                 DROP FUNCTION pgqueue_cancel_dependents(uuid[]);
+                DROP FUNCTION pgqueue_edge_resolved(text, text);
                 DROP TABLE pgqueue_job_settlements;
             """,
         ),

@@ -2,8 +2,8 @@
 dependencies a waiting job still waits for.
 
 The database keeps them true (``sql/workflow_settle_v1.sql``): in the transaction that
-finishes a job, its edges are resolved, the counters of the jobs that depend on it go
-down, and a job whose counter reaches zero becomes ``pending``. The rows are written by
+finishes a job, the counters of the jobs that depend on it go down by the edges its new
+status resolves, and a job whose counter reaches zero becomes ``pending``. The rows are written by
 ``enqueue(depends_on=...)`` (``django_pgqueue.dependencies``) and read by the admin.
 """
 
@@ -13,7 +13,7 @@ from django.db import models
 from django.db.models import F, Q
 from django.utils.translation import gettext_lazy as _
 
-from ..schema import OnDependencyFailure
+from ..schema import OnDependencyFailure, edge_resolved
 from .base import JobsDatabaseModel
 
 # By name: the transitions of jobs read these models, and jobs.py imports them.
@@ -31,8 +31,9 @@ class JobDependency(JobsDatabaseModel):
         dependency (ForeignKey): The job it waits for; reverse name ``dependent_edges``.
         on_failure (CharField): An [`OnDependencyFailure`][django_pgqueue.OnDependencyFailure]:
             what happens to ``job`` when ``dependency`` fails for good or is cancelled.
-        resolved (BooleanField): ``True`` once ``dependency`` completed (or, under
-            ``"run"``, finished any way): it no longer holds ``job`` back.
+
+    An edge is never written after the enqueue: whether it still holds ``job`` back
+    follows from ``dependency``'s status (``resolved``).
     """
 
     job = models.ForeignKey(
@@ -49,7 +50,6 @@ class JobDependency(JobsDatabaseModel):
         db_index=False,  # the unique constraint's index leads with it
     )
     on_failure = models.CharField(max_length=8, choices=OnDependencyFailure.choices)
-    resolved = models.BooleanField(db_default=False)
 
     class Meta:
         db_table = "pgqueue_job_dependencies"
@@ -71,6 +71,13 @@ class JobDependency(JobsDatabaseModel):
 
     def __str__(self) -> str:
         return f"{self.job_id} after {self.dependency_id}"
+
+    @property
+    def resolved(self) -> bool:
+        """Whether ``dependency`` no longer holds ``job`` back: it completed, or, under
+        ``"run"``, failed or was cancelled. Reads ``dependency`` (a query unless it was
+        selected with ``select_related``)."""
+        return edge_resolved(self.on_failure, self.dependency.status)
 
 
 class JobWait(JobsDatabaseModel):

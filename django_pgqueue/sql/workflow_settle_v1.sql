@@ -3,11 +3,13 @@
 --
 -- * A job enqueued with depends_on is "waiting": one edge per dependency in
 --   pgqueue_job_dependencies, and a counter of unresolved edges in pgqueue_job_waits.
--- * A dependency that completes resolves its edges; one that fails for good or is
---   cancelled resolves only its "run" edges. Each resolved edge lowers its dependent's
---   counter by one: O(1) per edge, however many dependencies the dependent has. A
---   counter that reaches zero is deleted and its job becomes pending (due from then
---   on), with a NOTIFY for its queue.
+-- * An edge is resolved by its dependency's status: "completed" resolves every edge,
+--   "failed" and "cancelled" only "run" edges (pgqueue_edge_resolved). Edges are
+--   never written after the enqueue: each change of a dependency's status moves its
+--   dependents' counters by what it resolved (or, on retry, unresolved), O(1) per
+--   edge however many dependencies the dependent has. A counter that reaches zero is
+--   deleted and its job becomes pending (due from then on), with a NOTIFY for its
+--   queue.
 -- * Under "cancel" edges, a failed or cancelled dependency cancels the waiting jobs
 --   that depend on it, transitively; each remembers the job that cancelled it
 --   (cancelled_by_id). Retrying a job puts back to waiting what its failure cancelled,
@@ -20,8 +22,9 @@
 -- dependents' dependencies cannot deadlock on the counters.
 --
 -- How: a row trigger on pgqueue_jobs notes each finished (or retried) job of a
--- workflow in pgqueue_job_settlements under the transaction's id; a statement trigger
--- then settles all of the statement's notes together, sorted. The row trigger's WHEN
+-- workflow, with its old and new status, in pgqueue_job_settlements under the
+-- transaction's id; a statement trigger then settles all of the statement's notes
+-- together, sorted. The row trigger's WHEN
 -- clause keeps jobs outside workflows (workflow_id IS NULL) free of any call; the
 -- statement trigger runs for every UPDATE of status and returns at once unless a note
 -- was taken (a transaction-local setting says so).
@@ -33,8 +36,18 @@
 -- the statement that finished it. Unlogged: nothing in it outlives a transaction.
 CREATE UNLOGGED TABLE pgqueue_job_settlements (
     xact xid8 NOT NULL,
-    job_id uuid NOT NULL
+    job_id uuid NOT NULL,
+    old_status text NOT NULL,
+    new_status text NOT NULL
 );
+
+-- Whether an edge with this policy is resolved while its dependency has this status.
+CREATE FUNCTION pgqueue_edge_resolved(p_on_failure text, p_status text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT p_status = 'completed'
+        OR (p_on_failure = 'run' AND p_status IN ('failed', 'cancelled'))
+$$;
 CREATE INDEX idx_job_settlements_xact ON pgqueue_job_settlements (xact);
 
 -- Cancel the waiting jobs that depend on the failed or cancelled p_roots under
@@ -47,14 +60,14 @@ BEGIN
         SELECT d.job_id, d.dependency_id, d.dependency_id
           FROM pgqueue_job_dependencies AS d
           JOIN pgqueue_jobs AS j ON j.id = d.job_id
-         WHERE d.dependency_id = ANY(p_roots) AND NOT d.resolved
+         WHERE d.dependency_id = ANY(p_roots)
            AND d.on_failure = 'cancel' AND j.status = 'waiting'
         UNION
         SELECT d.job_id, d.dependency_id, doomed.root
           FROM doomed
           JOIN pgqueue_job_dependencies AS d ON d.dependency_id = doomed.job_id
           JOIN pgqueue_jobs AS j ON j.id = d.job_id
-         WHERE NOT d.resolved AND d.on_failure = 'cancel' AND j.status = 'waiting'
+         WHERE d.on_failure = 'cancel' AND j.status = 'waiting'
     ), chosen AS (
         SELECT DISTINCT ON (job_id) job_id, cause, root
           FROM doomed
@@ -108,7 +121,7 @@ BEGIN
     SELECT array_agg(DISTINCT d.dependency_id) INTO v_blockers
       FROM pgqueue_job_dependencies AS d
       JOIN pgqueue_jobs AS dependency ON dependency.id = d.dependency_id
-     WHERE d.job_id = ANY(p_retried) AND NOT d.resolved AND d.on_failure = 'cancel'
+     WHERE d.job_id = ANY(p_retried) AND d.on_failure = 'cancel'
        AND dependency.status IN ('failed', 'cancelled');
     IF v_blockers IS NOT NULL THEN
         PERFORM pgqueue_cancel_dependents(v_blockers);
@@ -116,9 +129,9 @@ BEGIN
 END
 $$;
 
--- Settle the dependents of the jobs p_ids, each finished or retried in this
--- transaction (see the top of this file).
-CREATE FUNCTION pgqueue_settle_jobs(p_ids uuid[])
+-- Settle the dependents of the jobs p_ids, whose status changed from p_old to p_new in
+-- this transaction: finished, or retried (see the top of this file).
+CREATE FUNCTION pgqueue_settle_jobs(p_ids uuid[], p_old text[], p_new text[])
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -133,39 +146,32 @@ DECLARE
     v_types text[];
     v_keys text[];
 BEGIN
-    SELECT array_agg(id) FILTER (WHERE status IN ('failed', 'cancelled')),
-           array_agg(id) FILTER (WHERE status IN ('waiting', 'pending'))
-      INTO v_failed, v_retried
-      FROM pgqueue_jobs
-     WHERE id = ANY(p_ids);
-
-    -- Resolve the edges of the finished jobs: all of a completed one's, the "run" ones
-    -- of a failed or cancelled one. No other transaction writes them: it would first
-    -- have to lock the finished job, as enqueue does.
-    WITH resolved AS (
-        UPDATE pgqueue_job_dependencies AS d SET resolved = true
-          FROM pgqueue_jobs AS finished
-         WHERE finished.id = ANY(p_ids) AND d.dependency_id = finished.id
-           AND NOT d.resolved
-           AND (finished.status = 'completed'
-                OR (finished.status IN ('failed', 'cancelled') AND d.on_failure = 'run'))
-        RETURNING d.job_id
+    -- What each change resolved (or, on retry, unresolved), per dependent.
+    WITH moved AS (
+        SELECT d.job_id,
+               sum(pgqueue_edge_resolved(d.on_failure, s.new)::integer
+                   - pgqueue_edge_resolved(d.on_failure, s.old)::integer)::integer AS edges
+          FROM unnest(p_ids, p_old, p_new) AS s(id, old, new)
+          JOIN pgqueue_job_dependencies AS d ON d.dependency_id = s.id
+         GROUP BY d.job_id
     )
     SELECT array_agg(job_id ORDER BY job_id), array_agg(edges ORDER BY job_id)
       INTO v_dependents, v_counts
-      FROM (SELECT job_id, count(*)::integer AS edges FROM resolved GROUP BY job_id) AS c;
+      FROM moved
+     WHERE edges <> 0;
 
     IF v_dependents IS NOT NULL THEN
         PERFORM 1 FROM pgqueue_job_waits
          WHERE job_id = ANY(v_dependents)
          ORDER BY job_id
            FOR UPDATE;
+        -- A dependent already released has no counter left: a retry does not hold it back.
         WITH done AS (
             DELETE FROM pgqueue_job_waits AS w
              USING unnest(v_dependents, v_counts) AS c(job_id, edges)
              WHERE w.job_id = c.job_id AND w.unresolved <= c.edges
             RETURNING w.job_id
-        ), lowered AS (
+        ), moved AS (
             UPDATE pgqueue_job_waits AS w SET unresolved = w.unresolved - c.edges
               FROM unnest(v_dependents, v_counts) AS c(job_id, edges)
              WHERE w.job_id = c.job_id AND w.unresolved > c.edges
@@ -196,6 +202,11 @@ BEGIN
         END IF;
     END IF;
 
+    SELECT array_agg(s.id) FILTER (WHERE s.new IN ('failed', 'cancelled')),
+           array_agg(s.id) FILTER (WHERE s.old IN ('failed', 'cancelled')
+                                     AND s.new IN ('waiting', 'pending'))
+      INTO v_failed, v_retried
+      FROM unnest(p_ids, p_old, p_new) AS s(id, old, new);
     IF v_failed IS NOT NULL THEN
         PERFORM pgqueue_cancel_dependents(v_failed);
     END IF;
@@ -209,7 +220,8 @@ CREATE FUNCTION pgqueue_note_settlement()
 RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO pgqueue_job_settlements (xact, job_id) VALUES (pg_current_xact_id(), NEW.id);
+    INSERT INTO pgqueue_job_settlements (xact, job_id, old_status, new_status)
+    VALUES (pg_current_xact_id(), NEW.id, OLD.status, NEW.status);
     PERFORM set_config('pgqueue.settle', 'on', true);
     RETURN NULL;
 END
@@ -220,6 +232,8 @@ RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     v_ids uuid[];
+    v_old text[];
+    v_new text[];
 BEGIN
     IF current_setting('pgqueue.settle', true) IS DISTINCT FROM 'on' THEN
         RETURN NULL;
@@ -227,11 +241,13 @@ BEGIN
     PERFORM set_config('pgqueue.settle', '', true);
     WITH taken AS (
         DELETE FROM pgqueue_job_settlements WHERE xact = pg_current_xact_id()
-        RETURNING job_id
+        RETURNING job_id, old_status, new_status
     )
-    SELECT array_agg(DISTINCT job_id) INTO v_ids FROM taken;
+    SELECT array_agg(job_id), array_agg(old_status), array_agg(new_status)
+      INTO v_ids, v_old, v_new
+      FROM taken;
     IF v_ids IS NOT NULL THEN
-        PERFORM pgqueue_settle_jobs(v_ids);
+        PERFORM pgqueue_settle_jobs(v_ids, v_old, v_new);
     END IF;
     RETURN NULL;
 END

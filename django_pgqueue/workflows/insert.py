@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
@@ -20,7 +20,15 @@ from django.db import connections, transaction
 from .. import conf
 from ..due import DUE
 from ..exceptions import InvalidJobError
-from ..inserts import COLUMNS, returning_jobs, run_at_of, send_enqueued, settle_held
+from ..inserts import (
+    COLUMNS,
+    COPY_ESCAPES,
+    built,
+    copy_line,
+    run_at_of,
+    send_enqueued,
+    settle_held,
+)
 from ..jobrows import JobRow, new_job_id
 from ..schema import JobStatus
 from .plan import Step, internal_order, plan_steps
@@ -42,15 +50,12 @@ _COPY_JOBS = (
     f"COPY pgqueue_jobs ({COLUMNS}, created_at, status, workflow_id, last_error, "
     "completed_at) FROM STDIN"
 )
-_COPY_EDGES = (
-    "COPY pgqueue_job_dependencies (job_id, dependency_id, on_failure, resolved) FROM STDIN"
-)
+_COPY_EDGES = "COPY pgqueue_job_dependencies (job_id, dependency_id, on_failure) FROM STDIN"
 _COPY_WAITS = "COPY pgqueue_job_waits (job_id, unresolved, cancelled_by_id) FROM STDIN"
 _NOTIFY_DUE = f"""
 SELECT count(pg_notify(%s, queue))
   FROM (SELECT DISTINCT queue FROM pgqueue_jobs WHERE id = ANY(%s) AND {DUE}) AS due
 """
-_READ_BACK = "SELECT * FROM pgqueue_jobs WHERE id = ANY(%s)"
 _ONE_MICROSECOND = timedelta(microseconds=1)
 
 
@@ -91,11 +96,16 @@ def enqueue_graph(rows: list[JobRow], alias: str, field_of: Callable[[int], str]
             row._replace(held=row.held and step.status == JobStatus.PENDING.value)
             for row, step in zip(rows, steps, strict=True)
         ]
+        cursor.execute(_NOW)
+        clock, now = cursor.fetchone()
+        times = [
+            (clock + index * _ONE_MICROSECOND, run_at_of(row, now))
+            for index, row in enumerate(pending)
+        ]
+        values = [_step_values(step, workflow_id, now) for step in steps]
         with connections[alias].wrap_database_errors:
-            _copy(cursor, pending, steps, workflow_id)
-        ids = [row.id for row in rows]
-        by_id = {job.id: job for job in returning_jobs(_READ_BACK, [ids], alias)}
-        jobs = [by_id[job_id] for job_id in ids]
+            _copy(cursor, pending, steps, times, values, now)
+        jobs = built(pending, times, alias, values)
         settle_held(jobs, pending, alias)
         settings = conf.get_settings()
         due_ids = [
@@ -146,39 +156,64 @@ def _first_workflow(rows: Sequence[JobRow], found: dict[uuid.UUID, Any]) -> uuid
     return None
 
 
+def _step_values(step: Step, workflow_id: uuid.UUID, now: datetime) -> dict[str, Any]:
+    """What a job of a workflow starts with besides a plain job's values."""
+    cancelled = step.status == JobStatus.CANCELLED.value
+    return {
+        "status": step.status,
+        "workflow_id": workflow_id,
+        "last_error": step.reason,
+        "completed_at": now if cancelled else None,
+    }
+
+
 def _copy(
-    cursor: Any, rows: Sequence[JobRow], steps: Sequence[Step], workflow_id: uuid.UUID
+    cursor: Any,
+    rows: Sequence[JobRow],
+    steps: Sequence[Step],
+    times: Sequence[tuple[datetime, datetime]],
+    values: Sequence[dict[str, Any]],
+    now: datetime,
 ) -> None:
-    """Send the jobs, their edges and their counters, with ``COPY``."""
-    cursor.execute(_NOW)
-    clock, now = cursor.fetchone()
+    """Send the jobs, their edges and their counters, with ``COPY`` in its text format.
+
+    ``times``: each job's ``created_at`` (the clock read before, plus a microsecond a
+    job: claim order is the order given) and ``run_at``; ``values``: its workflow
+    columns (``_step_values``). A job's line is a plain insert's (``copy_line``) and
+    its workflow columns; ids go as 32 hex digits, as there.
+    """
     raw = cursor.cursor  # psycopg's cursor, for COPY
+    now_text = now.isoformat()
     with raw.copy(_COPY_JOBS) as copy:
-        for index, (row, step) in enumerate(zip(rows, steps, strict=True)):
-            cancelled = step.status == JobStatus.CANCELLED.value
-            copy.write_row(
-                (
-                    row.id,
-                    row.job_type,
-                    row.queue,
-                    row.priority,
-                    row.data,
-                    run_at_of(row, now),
-                    row.max_attempts,
-                    row.concurrency_key,
-                    row.held,
-                    clock + index * _ONE_MICROSECOND,  # claim order: the order given
-                    step.status,
-                    workflow_id,
-                    step.reason,
-                    now if cancelled else None,
-                )
+        copy.write(
+            "".join(
+                f"{copy_line(row, job_times, now_text)[:-1]}\t{more['status']}\t"
+                f"{more['workflow_id'].int:032x}\t{more['last_error'].translate(COPY_ESCAPES)}"
+                f"\t{_timestamp(more['completed_at'])}\n"
+                for row, job_times, more in zip(rows, times, values, strict=True)
             )
+        )
     with raw.copy(_COPY_EDGES) as copy:
-        for step in steps:
-            for edge in step.edges:
-                copy.write_row((edge.job, edge.dependency, edge.on_failure, edge.resolved))
+        copy.write(
+            "".join(
+                f"{edge.job.int:032x}\t{edge.dependency.int:032x}\t{edge.on_failure}\n"
+                for step in steps
+                for edge in step.edges
+            )
+        )
     with raw.copy(_COPY_WAITS) as copy:
-        for row, step in zip(rows, steps, strict=True):
-            if step.unresolved:
-                copy.write_row((row.id, step.unresolved, step.cancelled_by))
+        copy.write(
+            "".join(
+                f"{row.id.int:032x}\t{step.unresolved}\t{_uuid(step.cancelled_by)}\n"
+                for row, step in zip(rows, steps, strict=True)
+                if step.unresolved
+            )
+        )
+
+
+def _timestamp(value: datetime | None) -> str:
+    return "\\N" if value is None else value.isoformat()
+
+
+def _uuid(value: uuid.UUID | None) -> str:
+    return "\\N" if value is None else f"{value.int:032x}"

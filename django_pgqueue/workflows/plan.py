@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from ..exceptions import InvalidJobError
 from ..jobrows import JobRow
-from ..schema import JobStatus, OnDependencyFailure
+from ..schema import JobStatus, edge_resolved
 
 #: The most jobs one call may enqueue with dependencies among them.
 MAX_WORKFLOW_JOBS = 100_000
@@ -31,7 +31,6 @@ class Edge:
     job: uuid.UUID
     dependency: uuid.UUID
     on_failure: str
-    resolved: bool
 
 
 @dataclass(slots=True)
@@ -103,11 +102,8 @@ def plan_steps(
                 status, root = dependency.status, dependency.root
             else:
                 dependency_id, status, root = item.target, existing[item.target], None
-            resolved = status == JobStatus.COMPLETED.value or (
-                status in _FAILED and policy == OnDependencyFailure.RUN.value
-            )
-            step.edges.append(Edge(row.id, dependency_id, policy, resolved))
-            if resolved:
+            step.edges.append(Edge(row.id, dependency_id, policy))
+            if edge_resolved(policy, status):
                 continue
             step.unresolved += 1
             if status in _FAILED and step.cancelled_by is None:
