@@ -21,7 +21,7 @@ from .exceptions import (
 )
 from .options import Dependency, JobSpec, Step
 from .registry import job
-from .workflows.canvas import chain, chord, group
+from .workflows.canvas import Workflow, chain, chord, group
 
 if TYPE_CHECKING:
     from .models import Job
@@ -43,6 +43,7 @@ __all__ = [
     "RetryJob",
     "Snooze",
     "Step",
+    "Workflow",
     "chain",
     "chord",
     "enqueue",

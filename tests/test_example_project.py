@@ -251,14 +251,17 @@ def test_demo_enqueues_the_jobs_it_prints_and_none_of_the_rolled_back_ones(
     rows = example.query("SELECT id::text, job_type, status, run_at > now() FROM pgqueue_jobs")
     assert {(job_id, job_type) for job_id, job_type, _, _ in rows} == kept
     assert sorted(job_type for _, job_type in kept) == [
-        "shop.make_thumbnail",
-        "shop.make_thumbnail",
+        "shop.build_album_cover",
+        *["shop.make_thumbnail"] * 5,
         "shop.send_follow_up_email",
         "shop.send_welcome_email",
         "shop.sync_to_crm",
         "shop.sync_to_crm",
     ]
-    assert {status for _, _, status, _ in rows} == {"pending"}
+    # The album's cover waits for its thumbnails; every other job is pending.
+    statuses = {job_type: status for _, job_type, status, _ in rows}
+    assert statuses.pop("shop.build_album_cover") == "waiting"
+    assert set(statuses.values()) == {"pending"}
     delayed = {job_type for _, job_type, _, later in rows if later}
     assert delayed == {"shop.send_follow_up_email"}
     customers = {row[0] for row in example.query("SELECT email FROM shop_customer")}
@@ -268,12 +271,13 @@ def test_demo_enqueues_the_jobs_it_prints_and_none_of_the_rolled_back_ones(
 def test_demo_runs_the_worker_and_every_job_ends_as_the_story_says(example: Example) -> None:
     output = example.manage("demo").stdout
 
-    assert "All 6 jobs ended as expected" in output
+    assert "All 10 jobs ended as expected" in output
     outcomes = example.query(
         "SELECT job_type, status, attempts FROM pgqueue_jobs ORDER BY job_type, attempts, status"
     )
     assert outcomes == [
-        ("shop.make_thumbnail", "completed", 1),
+        ("shop.build_album_cover", "completed", 1),
+        *[("shop.make_thumbnail", "completed", 1)] * 4,
         ("shop.make_thumbnail", "failed", 1),
         ("shop.send_follow_up_email", "pending", 0),
         ("shop.send_welcome_email", "completed", 1),
@@ -285,3 +289,14 @@ def test_demo_runs_the_worker_and_every_job_ends_as_the_story_says(example: Exam
     )
     assert status == "ready"
     assert (example.media_root / thumbnail).read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    # The cover was built after the album's three thumbnails, from their results.
+    [(cover,)] = example.query("SELECT cover FROM shop_album WHERE title = 'Summer'")
+    assert (example.media_root / cover).read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    [(result, last_thumbnail_done, cover_started)] = example.query(
+        "SELECT cover.result, max(photo.completed_at), cover.started_at FROM pgqueue_jobs cover"
+        " JOIN pgqueue_jobs photo ON photo.workflow_id = cover.workflow_id"
+        " AND photo.id <> cover.id WHERE cover.job_type = 'shop.build_album_cover'"
+        " GROUP BY cover.id"
+    )
+    assert result == {"cover": cover, "thumbnails": 3}
+    assert cover_started >= last_thumbnail_done

@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.utils.html import format_html
 
-from .models import Customer, ProductPhoto
+from .models import Album, Customer, ProductPhoto
 
 
 @admin.register(Customer)
@@ -22,3 +22,15 @@ class ProductPhotoAdmin(admin.ModelAdmin):
         if not photo.thumbnail:
             return "-"
         return format_html('<img src="{}" width="32" height="32" alt="">', photo.thumbnail.url)
+
+
+@admin.register(Album)
+class AlbumAdmin(admin.ModelAdmin):
+    list_display = ("title", "cover_image", "created_at")
+    readonly_fields = ("created_at",)
+
+    @admin.display(description="Cover")
+    def cover_image(self, album: Album) -> str:
+        if not album.cover:
+            return "-"
+        return format_html('<img src="{}" width="32" height="32" alt="">', album.cover.url)

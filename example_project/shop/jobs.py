@@ -19,7 +19,7 @@ import django_pgqueue
 from django_pgqueue import Backoff, FailJob
 
 from . import crm
-from .models import Customer, ProductPhoto, ThumbnailStatus
+from .models import Album, Customer, ProductPhoto, ThumbnailStatus
 from .preview import identicon_png
 
 #: Priorities from the original design: 150 user-requested, 100 system, 30 backfill.
@@ -128,3 +128,26 @@ def make_thumbnail(job: django_pgqueue.Job) -> dict[str, Any]:
     photo.thumbnail_status = ThumbnailStatus.READY
     photo.save(update_fields=["thumbnail", "thumbnail_status"])
     return {"thumbnail": photo.thumbnail.name, "bytes": len(png)}
+
+
+@django_pgqueue.job("shop.build_album_cover", priority=USER_REQUESTED)
+def build_album_cover(job: django_pgqueue.Job) -> dict[str, Any]:
+    """Build an album's cover from the thumbnails of its photos (``data``: ``album_id``).
+
+    The last step of an album's workflow (``services.add_album``): it runs once every
+    thumbnail job finished, and reads their results in the order of the photos. A photo
+    whose thumbnail failed gives ``None`` and is left out.
+    """
+    album = Album.objects.filter(pk=job.data["album_id"]).first()
+    if album is None:
+        raise FailJob(f"album {job.data['album_id']} no longer exists")
+    thumbnails = [
+        result["thumbnail"]
+        for result in job.dependency_results().values()
+        if result and "thumbnail" in result
+    ]
+    if not thumbnails:
+        raise FailJob(f"no photo of album {album.pk} has a thumbnail")
+    digest = hashlib.sha256("\n".join(thumbnails).encode()).digest()
+    album.cover.save(f"album-{album.pk}.png", ContentFile(identicon_png(digest)), save=True)
+    return {"cover": album.cover.name, "thumbnails": len(thumbnails)}

@@ -26,10 +26,27 @@ class ThumbnailStatus(models.TextChoices):
     FAILED = "failed", "Failed"
 
 
+class Album(models.Model):
+    """Photos shown together; its cover is built by a job once every thumbnail is made."""
+
+    title = models.CharField(max_length=200)
+    cover = models.FileField(upload_to="covers/", blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ("-created_at",)
+
+    def __str__(self) -> str:
+        return self.title
+
+
 class ProductPhoto(models.Model):
     """An uploaded product photo; its thumbnail is made by a job."""
 
     title = models.CharField(max_length=200)
+    album = models.ForeignKey(
+        Album, null=True, blank=True, on_delete=models.SET_NULL, related_name="photos"
+    )
     image = models.FileField(upload_to="photos/")
     thumbnail = models.FileField(upload_to="thumbnails/", blank=True)
     thumbnail_status = models.CharField(

@@ -13,8 +13,8 @@ from django.db import transaction
 
 import django_pgqueue
 
-from .jobs import make_thumbnail, send_follow_up_email, send_welcome_email
-from .models import Customer, ProductPhoto
+from .jobs import build_album_cover, make_thumbnail, send_follow_up_email, send_welcome_email
+from .models import Album, Customer, ProductPhoto
 
 FOLLOW_UP_DELAY = timedelta(days=1)
 
@@ -55,3 +55,32 @@ def add_photo(title: str, image: File) -> tuple[ProductPhoto, django_pgqueue.Job
             photo.image.storage.delete(stored)
         raise
     return photo, job
+
+
+def add_album(title: str, images: list[File]) -> tuple[Album, django_pgqueue.Workflow]:
+    """Store an album and its photos, and enqueue their workflow: a thumbnail job per
+    photo, side by side, then the album's cover once every one of them has finished.
+
+    One transaction: the album, its photos and the whole workflow exist together or not
+    at all. ``on_dependency_failure="run"``: a photo whose thumbnail fails does not keep
+    the cover from being built from the others.
+    """
+    stored: list[str] = []
+    try:
+        with transaction.atomic():
+            album = Album.objects.create(title=title)
+            photos = []
+            for image in images:
+                photo = ProductPhoto(title=f"{title}: {image.name}", image=image, album=album)
+                photo.save()
+                stored.append(photo.image.name)
+                photos.append(photo)
+            workflow = django_pgqueue.chord(
+                [make_thumbnail.step({"photo_id": photo.pk}) for photo in photos],
+                build_album_cover.step({"album_id": album.pk}),
+            ).enqueue(on_dependency_failure="run")
+    except BaseException:
+        for name in stored:
+            ProductPhoto.image.field.storage.delete(name)
+        raise
+    return album, workflow

@@ -23,9 +23,9 @@ from django.utils.timesince import timeuntil
 import django_pgqueue
 from django_pgqueue import Job, JobStatus
 from shop.jobs import sync_to_crm
-from shop.models import Customer, ProductPhoto
+from shop.models import Album, Customer, ProductPhoto
 from shop.preview import sample_ppm
-from shop.services import add_photo, sign_up
+from shop.services import add_album, add_photo, sign_up
 
 WORKER_COMMAND = "pgqueue_worker"
 
@@ -152,9 +152,24 @@ class Command(BaseCommand):
         self.track("bob: CRM sync (retried)", bob_job, JobStatus.COMPLETED, 2)
         self.track("carol: CRM sync (dead letter)", carol_job, JobStatus.FAILED, 3)
 
+        self.step(
+            "5. An album of three photos: their thumbnails side by side, then the album's "
+            "cover from their results (a chord, one transaction)"
+        )
+        album, workflow = add_album(
+            "Summer",
+            [ContentFile(sample_ppm(seed=seed), name=f"summer-{seed}.ppm") for seed in (3, 4, 5)],
+        )
+        *thumbnails, cover = workflow.jobs
+        for number, job in enumerate(thumbnails, 1):
+            self.show_enqueued(job, f"album #{album.pk}, photo {number}")
+            self.track(f"summer album: thumbnail {number}", job, JobStatus.COMPLETED, 1)
+        self.show_enqueued(cover, f"{cover.status}: runs after the three thumbnails")
+        self.track("summer album: cover (after the thumbnails)", cover, JobStatus.COMPLETED, 1)
+
     def run_worker(self, concurrency: int, max_wait: float) -> bool:
         argv = ["--burst", "--concurrency", str(concurrency)]
-        self.step(f"5. The worker: manage.py {WORKER_COMMAND} {' '.join(argv)}")
+        self.step(f"6. The worker: manage.py {WORKER_COMMAND} {' '.join(argv)}")
         if WORKER_COMMAND not in get_commands():
             self.say(self.style.ERROR(f"`{WORKER_COMMAND}` is not available (Unknown command)"))
             return False
@@ -233,6 +248,9 @@ class Command(BaseCommand):
         for photo in ProductPhoto.objects.filter(pk__in=self.photo_ids()).order_by("pk"):
             where = f" -> {photo.thumbnail.path}" if photo.thumbnail else ""
             self.say(f"photo {photo.title!r}: thumbnail {photo.thumbnail_status}{where}")
+        for album in Album.objects.filter(pk__in=self._data_ids("album_id")).order_by("pk"):
+            cover = album.cover.path if album.cover else "not built"
+            self.say(f"album {album.title!r}: cover -> {cover}")
 
     def check_outcomes(self) -> None:
         jobs = Job.objects.in_bulk([t.job_id for t in self.tracked])
