@@ -35,6 +35,7 @@ from . import conf, schema, validation
 from . import exceptions as pgqueue_exceptions
 from .enqueue import enqueue as enqueue_job
 from .exceptions import FailJob, InvalidArgumentError, JobCancelled, TaskReturnValueError
+from .options import Step
 from .registry import JobDefinition
 from .schema import TASK_JOB_PREFIX, JobStatus
 from .tasks_compat import (
@@ -170,6 +171,36 @@ class PgQueueBackend(BaseTaskBackend):
         Arguments must be JSON (``TypeError`` otherwise, before anything is written).
         Inside ``transaction.atomic`` the job exists only if the transaction commits.
         """
+        task, job_type, data, options = self._job(task, args, kwargs)
+        job = enqueue_job(job_type, data, using=self.database, **options)
+        result = _result_of(job, self.alias, task=task)
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    def step(self, task: Task[..., Any], *args: Any, **kwargs: Any) -> Step:
+        """``task(*args, **kwargs)`` as a step of a [workflow](../how-to/workflows.md).
+
+        The Django Tasks API has no dependencies between tasks; this gives a task the
+        place of a job in ``chain()``, ``group()`` and ``chord()``, with the job type,
+        payload, queue, priority and run time ``enqueue()`` would give it:
+
+        ```python
+        backend = task_backends["default"]
+        chain(backend.step(fetch, url), backend.step(parse)).enqueue(using=backend.database)
+        ```
+
+        Enqueue the workflow on this backend's database (``using=backend.database``
+        when it is not ``PGQUEUE["DATABASE"]``). ``task_enqueued`` is not sent for
+        steps; read their results with ``backend.get_result(str(job.id))``.
+        """
+        _task, job_type, data, options = self._job(task, args, kwargs)
+        return Step(job_type, data, **options)
+
+    def _job(
+        self, task: Task[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> tuple[Task[..., Any], str, dict[str, Any], dict[str, Any]]:
+        """The job of ``task(*args, **kwargs)``: the task (with a ``timedelta``
+        ``run_after`` made a datetime), the job type, the payload and the options."""
         self.validate_task(task)
         _check_importable(task)
         data: dict[str, Any] = {
@@ -185,18 +216,13 @@ class PgQueueBackend(BaseTaskBackend):
             data["run_after"] = run_after.isoformat()
             if timezone.is_naive(run_after):  # only accepted with USE_TZ = False
                 run_after = timezone.make_aware(run_after)
-        job = enqueue_job(
-            TASK_JOB_PREFIX + task.module_path,
-            data,
-            queue=task.queue_name,
-            priority=PRIORITY_OFFSET + int(task.priority),
-            run_at=run_after,
-            max_attempts=self.max_attempts,
-            using=self.database,
-        )
-        result = _result_of(job, self.alias, task=task)
-        task_enqueued.send(type(self), task_result=result)
-        return result
+        options = {
+            "queue": task.queue_name,
+            "priority": PRIORITY_OFFSET + int(task.priority),
+            "run_at": run_after,
+            "max_attempts": self.max_attempts,
+        }
+        return task, TASK_JOB_PREFIX + task.module_path, data, options
 
     def get_result(self, result_id: str) -> TaskResult[Any]:
         """The task's current result, read from its job; ``TaskResultDoesNotExist`` if none."""

@@ -16,7 +16,7 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from django_pgqueue import InvalidJobError, job, registry
+from django_pgqueue import InvalidJobError, chain, chord, job, registry
 from django_pgqueue.backends import PRIORITY_OFFSET, PgQueueBackend, resolve_task_job
 from django_pgqueue.exceptions import JobRegistrationError
 from django_pgqueue.models import Job, JobStatus
@@ -489,3 +489,35 @@ def test_the_admin_shows_a_task_job_by_its_dotted_path(client):
     response = client.get(reverse("admin:django_pgqueue_job_changelist"))
     assert response.status_code == 200
     assert "tests.testapp.tasks.add" in response.content.decode()
+
+
+def test_tasks_run_as_steps_of_a_workflow(settings):
+    configure(settings)
+    backend = task_backends["default"]
+    first = backend.step(test_tasks.add, 1, 2)
+    second = backend.step(test_tasks.add.using(priority=10), 3, b=4)
+
+    workflow = chain(first, second).enqueue(using=backend.database)
+
+    head, tail = workflow.jobs
+    assert (head.status, tail.status) == (JobStatus.PENDING, JobStatus.WAITING)
+    assert tail.priority == PRIORITY_OFFSET + 10
+    run_due()
+    results = [backend.get_result(str(job.id)) for job in workflow.jobs]
+    assert [(result.status, result.return_value) for result in results] == [
+        (TaskResultStatus.SUCCESSFUL, 3),
+        (TaskResultStatus.SUCCESSFUL, 7),
+    ]
+    assert results[0].finished_at <= results[1].started_at
+
+
+def test_a_task_reads_the_results_of_the_tasks_it_waited_for(settings):
+    configure(settings)
+    backend = task_backends["default"]
+    members = [backend.step(test_tasks.add, n, n) for n in range(1, 4)]
+
+    workflow = chord(members, backend.step(test_tasks.sum_of_dependencies)).enqueue()
+
+    run_due()
+    callback = backend.get_result(str(workflow.jobs[-1].id))
+    assert callback.return_value == 2 + 4 + 6

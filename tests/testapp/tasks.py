@@ -131,3 +131,12 @@ def returns_coroutine():
 def snooze_for_a_minute():
     """Not ready yet: a Task raises ``Snooze`` as a handler does."""
     raise Snooze(60)
+
+
+@task(takes_context=True)
+def sum_of_dependencies(context: TaskContext):
+    """Add up the results of the tasks it waited for (a step of a workflow)."""
+    from django_pgqueue.models import Job
+
+    job = Job.objects.get(pk=context.task_result.id)
+    return sum(job.dependency_results().values())
