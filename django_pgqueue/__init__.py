@@ -21,7 +21,7 @@ from .exceptions import (
 )
 from .options import Dependency, JobSpec, Step
 from .registry import job
-from .workflows.canvas import Workflow, chain, chord, group
+from .workflows.canvas import Workflow, batch, chain, chord, group
 
 if TYPE_CHECKING:
     from .models import Job
@@ -44,6 +44,7 @@ __all__ = [
     "Snooze",
     "Step",
     "Workflow",
+    "batch",
     "chain",
     "chord",
     "enqueue",

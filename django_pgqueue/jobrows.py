@@ -249,7 +249,8 @@ def _with_dependencies(row: JobRow, depends_on: Any, on_failure: Any, prefix: st
 
 def _policy(value: Any, field: str) -> str:
     if value not in OnDependencyFailure.values:
-        raise InvalidJobError(field, f"must be 'cancel' or 'run', got {value!r}")
+        allowed = ", ".join(map(repr, OnDependencyFailure.values))
+        raise InvalidJobError(field, f"must be one of {allowed}, got {value!r}")
     return str(value)
 
 

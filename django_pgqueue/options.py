@@ -32,7 +32,7 @@ ConcurrencyKey = str | Callable[[dict[str, Any]], str]
 
 #: What a job does when a job it depends on fails for good or is cancelled (see
 #: [`OnDependencyFailure`][django_pgqueue.OnDependencyFailure]).
-DependencyFailure = Literal["cancel", "run"]
+DependencyFailure = Literal["cancel", "run", "run_only"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +119,9 @@ class EnqueueOptions(JobDefaults, total=False):
     on_dependency_failure: DependencyFailure | None
     """What happens when a job it depends on fails for good or is cancelled:
     ``"cancel"`` (the default) cancels this job and what depends on it, ``"run"`` runs it
-    anyway once the others are done. Needs ``depends_on``."""
+    anyway once the others are done, ``"run_only"`` runs it once all are done only if
+    one failed or was cancelled (else it is cancelled as not needed). Needs
+    ``depends_on``."""
 
 
 class JobSpec(EnqueueOptions, total=False):

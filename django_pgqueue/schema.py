@@ -125,20 +125,25 @@ class OnDependencyFailure(models.TextChoices):
     |---|---|---|
     | ``CANCEL`` | ``"cancel"`` | The job is cancelled (and what depends on it so). |
     | ``RUN`` | ``"run"`` | The job runs once its other dependencies are done. |
+    | ``RUN_ONLY`` | ``"run_only"`` | As ``RUN``, but only after a failure (see below). |
 
     Retrying the failed or cancelled dependency puts the jobs it cancelled back to
-    ``waiting``.
+    ``waiting``. A job with ``"run_only"`` dependencies runs only if one of them failed
+    or was cancelled: when they all completed, it is cancelled as not needed (the
+    ``on_failure`` callback of a [batch](../how-to/workflows.md#batches)).
     """
 
     CANCEL = "cancel", _("Cancel")
     RUN = "run", _("Run anyway")
+    RUN_ONLY = "run_only", _("Run only then")
 
 
 def edge_resolved(on_failure: str, status: str) -> bool:
     """Whether a dependency with this failure policy no longer holds its dependent back
-    while the job it names has this status: when that job completed, or, under
-    ``"run"``, failed or was cancelled. The SQL function ``pgqueue_edge_resolved``
-    states the same rule (a test holds them together)."""
+    while the job it names has this status: when that job completed, or, under ``"run"``
+    or ``"run_only"``, failed or was cancelled. The SQL function
+    ``pgqueue_edge_resolved`` states the same rule (a test holds them together)."""
     return status == JobStatus.COMPLETED or (
-        on_failure == OnDependencyFailure.RUN and status in (JobStatus.FAILED, JobStatus.CANCELLED)
+        on_failure != OnDependencyFailure.CANCEL
+        and status in (JobStatus.FAILED, JobStatus.CANCELLED)
     )

@@ -462,7 +462,7 @@ class TestBadInput:
         first = enqueue("tests.noop")
         self.assert_rejected(
             "depends_on[0].on_failure",
-            "must be 'cancel' or 'run'",
+            "must be one of 'cancel', 'run', 'run_only'",
             lambda: enqueue("tests.noop", depends_on=[Dependency(first, on_failure="skip")]),
         )
 

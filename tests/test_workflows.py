@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.db import transaction
 
-from django_pgqueue import InvalidJobError, Step, chain, chord, group
+from django_pgqueue import InvalidJobError, Step, batch, chain, chord, group
 from django_pgqueue.models import Job, JobDependency, JobStatus
 from django_pgqueue.registry import find_definition
 from django_pgqueue.worker import Worker
@@ -162,3 +162,91 @@ class TestBadInput:
             chain(add(1), Step("tests.nobody")).enqueue()
         assert raised.value.field == "specs[1].job_type"
         assert not Job.objects.exists()
+
+
+class TestBatch:
+    def enqueue(self, **callbacks):
+        return batch([add(1), add(2), add(3)], **callbacks).enqueue()
+
+    def test_every_callback_waits_for_every_job_of_the_batch(self):
+        workflow = self.enqueue(
+            on_complete=Step("tests.noop"),
+            on_success=Step("tests.noop"),
+            on_failure=Step("tests.noop"),
+        )
+
+        *members, complete, success, failure = workflow.jobs
+        ids = {job.id for job in members}
+        assert waits_for(complete) == waits_for(success) == waits_for(failure) == ids
+        policies = {
+            job.id: set(JobDependency.objects.filter(job=job).values_list("on_failure", flat=True))
+            for job in (complete, success, failure)
+        }
+        assert policies == {complete.id: {"run"}, success.id: {"cancel"}, failure.id: {"run_only"}}
+
+    def test_when_every_job_completed_on_failure_is_not_needed(self):
+        workflow = self.enqueue(on_complete=Step("tests.noop"), on_failure=Step("tests.noop"))
+        *members, complete, failure = workflow.jobs
+
+        for job in members:
+            Job.objects.filter(pk=job.pk).update(status=JobStatus.COMPLETED)
+
+        assert Job.objects.get(pk=complete.pk).status == JobStatus.PENDING
+        not_needed = Job.objects.get(pk=failure.pk)
+        assert not_needed.status == JobStatus.CANCELLED
+        assert not_needed.last_error.startswith("Not run: it runs only after a failure")
+
+    def test_when_a_job_failed_on_failure_runs_and_on_success_is_cancelled(self):
+        workflow = self.enqueue(on_success=Step("tests.noop"), on_failure=Step("tests.noop"))
+        first, second, third, success, failure = workflow.jobs
+
+        Job.objects.filter(pk=first.pk).update(status=JobStatus.COMPLETED)
+        Job.objects.filter(pk=second.pk).update(status=JobStatus.FAILED)
+        Job.objects.filter(pk=third.pk).update(status=JobStatus.CANCELLED)
+
+        assert Job.objects.get(pk=failure.pk).status == JobStatus.PENDING
+        assert Job.objects.get(pk=success.pk).status == JobStatus.CANCELLED
+        outcome = Job.objects.get(pk=failure.pk).dependency_outcome()
+        assert (outcome.completed, outcome.failed, outcome.cancelled) == (
+            1,
+            [second.id],
+            [third.id],
+        )
+        assert outcome.total == 3
+
+    @pytest.mark.django_db(transaction=True)
+    def test_a_worker_runs_the_callback_once_after_the_batch(self):
+        workflow = batch(
+            [add(1), Step("tests.fail_now"), add(3)],
+            on_complete=add(0),
+            on_failure=add(100),
+        ).enqueue()
+        *_, complete, failure = workflow.jobs
+
+        Worker(concurrency=4, burst=True).run()
+
+        complete, failure = (Job.objects.get(pk=job.pk) for job in (complete, failure))
+        assert (complete.status, failure.status) == (JobStatus.COMPLETED, JobStatus.COMPLETED)
+        assert complete.result == {"total": 4, "seen": [1, 3]}
+        assert complete.attempts == failure.attempts == 1
+
+    def test_a_batch_needs_a_callback(self):
+        with pytest.raises(InvalidJobError, match="needs a callback"):
+            batch([add(1)])
+
+    def test_a_batch_is_not_a_step_of_other_forms(self):
+        with pytest.raises(TypeError, match="takes Steps, chains and groups"):
+            chain(add(1), batch([add(2)], on_complete=add(3)))
+
+    def test_a_dependency_under_run_only_already_completed_makes_the_job_not_needed(self):
+        first = Job.objects.get(pk=group(add(1)).enqueue().jobs[0].pk)
+        Job.objects.filter(pk=first.pk).update(status=JobStatus.COMPLETED)
+
+        (job,) = (
+            group(Step("tests.noop", depends_on=[first], on_dependency_failure="run_only"))
+            .enqueue()
+            .jobs
+        )
+
+        assert job.status == JobStatus.CANCELLED
+        assert job.last_error.startswith("Not run: it runs only after a failure")

@@ -40,7 +40,12 @@ class Migration(migrations.Migration):
                 (
                     "on_failure",
                     models.CharField(
-                        choices=[("cancel", "Cancel"), ("run", "Run anyway")], max_length=8
+                        choices=[
+                            ("cancel", "Cancel"),
+                            ("run", "Run anyway"),
+                            ("run_only", "Run only then"),
+                        ],
+                        max_length=8,
                     ),
                 ),
                 (
@@ -76,7 +81,7 @@ class Migration(migrations.Migration):
                         name="pgqueue_job_dependencies_not_self",
                     ),
                     models.CheckConstraint(
-                        condition=models.Q(("on_failure__in", ["cancel", "run"])),
+                        condition=models.Q(("on_failure__in", ["cancel", "run", "run_only"])),
                         name="pgqueue_job_dependencies_on_failure_valid",
                     ),
                 ],

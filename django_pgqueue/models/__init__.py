@@ -7,7 +7,7 @@ from .base import JobsDatabaseManager as JobsDatabaseManager
 from .base import JobsDatabaseModel as JobsDatabaseModel
 from .dependencies import JobDependency, JobWait
 from .jobs import RETRY_PERMISSION as RETRY_PERMISSION
-from .jobs import Job, JobEvent
+from .jobs import DependencyOutcome, Job, JobEvent
 from .operations import (
     ConcurrencyLimit,
     PeriodicTick,
@@ -27,6 +27,7 @@ from .transitions import notify_queues as notify_queues
 
 __all__ = [
     "ConcurrencyLimit",
+    "DependencyOutcome",
     "Job",
     "JobDependency",
     "JobEvent",

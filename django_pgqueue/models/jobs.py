@@ -6,6 +6,7 @@ import functools
 import operator
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar, Protocol, Self
 
@@ -280,6 +281,28 @@ class Job(JobsDatabaseModel):
         edges = JobDependency.objects.using(self._state.db).filter(job_id=self.pk)
         return dict(edges.order_by("id").values_list("dependency_id", "dependency__result"))
 
+    def dependency_outcome(self) -> DependencyOutcome:
+        """How the jobs this one [depends on](../how-to/workflows.md) ended: how many
+        completed, and which failed or were cancelled (by id, in the order given).
+
+        One query. A batch's callbacks read it (``on_complete``, ``on_failure``); jobs
+        not finished yet (a dependency retried since) are counted in ``unfinished``.
+        """
+        edges = JobDependency.objects.using(self._state.db).filter(job_id=self.pk)
+        outcome = DependencyOutcome()
+        for dependency_id, status in edges.order_by("id").values_list(
+            "dependency_id", "dependency__status"
+        ):
+            if status == JobStatus.COMPLETED:
+                outcome.completed += 1
+            elif status == JobStatus.FAILED:
+                outcome.failed.append(dependency_id)
+            elif status == JobStatus.CANCELLED:
+                outcome.cancelled.append(dependency_id)
+            else:
+                outcome.unfinished += 1  # retried, or pruned (status None)
+        return outcome
+
     @property
     def is_finished(self) -> bool:
         """``True`` when the status is ``completed``, ``failed`` or ``cancelled``."""
@@ -433,6 +456,28 @@ class Job(JobsDatabaseModel):
         if _runs_init_signals(cls):
             return [cls.from_db(using, attnames, pick(row)) for row in rows]
         return [_loaded(cls, dict(zip(attnames, pick(row), strict=True)), using) for row in rows]
+
+
+@dataclass
+class DependencyOutcome:
+    """How the jobs a job depends on ended (``Job.dependency_outcome()``).
+
+    Attributes:
+        completed: How many completed.
+        failed: The ids of those that failed for good, in the order given.
+        cancelled: The ids of those that were cancelled, in the order given.
+        unfinished: How many have not finished (retried since), or were pruned.
+    """
+
+    completed: int = 0
+    failed: list[uuid.UUID] = field(default_factory=list)
+    cancelled: list[uuid.UUID] = field(default_factory=list)
+    unfinished: int = 0
+
+    @property
+    def total(self) -> int:
+        """How many jobs there are."""
+        return self.completed + len(self.failed) + len(self.cancelled) + self.unfinished
 
 
 # What a freshly inserted row holds besides what enqueue sends: the database defaults.

@@ -4,12 +4,14 @@
 -- * A job enqueued with depends_on is "waiting": one edge per dependency in
 --   pgqueue_job_dependencies, and a counter of unresolved edges in pgqueue_job_waits.
 -- * An edge is resolved by its dependency's status: "completed" resolves every edge,
---   "failed" and "cancelled" only "run" edges (pgqueue_edge_resolved). Edges are
+--   "failed" and "cancelled" only "run" and "run_only" edges (pgqueue_edge_resolved). Edges are
 --   never written after the enqueue: each change of a dependency's status moves its
 --   dependents' counters by what it resolved (or, on retry, unresolved), O(1) per
 --   edge however many dependencies the dependent has. A counter that reaches zero is
 --   deleted and its job becomes pending (due from then on), with a NOTIFY for its
 --   queue.
+-- * A job with "run_only" edges runs only if one of those dependencies failed or was
+--   cancelled: released with none such, it is cancelled as not needed.
 -- * Under "cancel" edges, a failed or cancelled dependency cancels the waiting jobs
 --   that depend on it, transitively; each remembers the job that cancelled it
 --   (cancelled_by_id). Retrying a job puts back to waiting what its failure cancelled,
@@ -46,7 +48,7 @@ CREATE FUNCTION pgqueue_edge_resolved(p_on_failure text, p_status text)
 RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT p_status = 'completed'
-        OR (p_on_failure = 'run' AND p_status IN ('failed', 'cancelled'))
+        OR (p_on_failure <> 'cancel' AND p_status IN ('failed', 'cancelled'))
 $$;
 CREATE INDEX idx_job_settlements_xact ON pgqueue_job_settlements (xact);
 
@@ -180,6 +182,18 @@ BEGIN
     END IF;
 
     IF v_released IS NOT NULL THEN
+        -- Not needed: a job that runs only after a failure, when none came.
+        UPDATE pgqueue_jobs AS j
+           SET status = 'cancelled', completed_at = now(), held = false,
+               last_error = 'Not run: it runs only after a failure of a job it waits '
+                            'for, and every one of them completed.'
+         WHERE j.id = ANY(v_released) AND j.status = 'waiting'
+           AND EXISTS (SELECT 1 FROM pgqueue_job_dependencies AS d
+                        WHERE d.job_id = j.id AND d.on_failure = 'run_only')
+           AND NOT EXISTS (SELECT 1 FROM pgqueue_job_dependencies AS d
+                             JOIN pgqueue_jobs AS dependency ON dependency.id = d.dependency_id
+                            WHERE d.job_id = j.id AND d.on_failure = 'run_only'
+                              AND dependency.status IN ('failed', 'cancelled'));
         -- Due from its release on (or at its run_at, if later); held like a due job
         -- enqueued with a key, then admitted by its key's limit (key_limits_v2.sql).
         WITH released AS (

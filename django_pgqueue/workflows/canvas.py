@@ -19,12 +19,13 @@ from .. import conf
 from ..exceptions import InvalidJobError
 from ..jobrows import prepared_rows
 from ..options import ENQUEUE_KEYS, EnqueueOptions, Step, check_keys
+from ..schema import OnDependencyFailure
 from .insert import enqueue_graph
 
 if TYPE_CHECKING:
     from ..models import Job
 
-__all__ = ["Chain", "Group", "Workflow", "chain", "chord", "group"]
+__all__ = ["Batch", "Chain", "Group", "Workflow", "batch", "chain", "chord", "group"]
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ class _Form:
                     "steps (Step(..., depends_on=[...]))"
                 )
         specs: list[dict[str, Any]] = []
-        assert isinstance(self, (Chain, Group))
+        assert isinstance(self, (Chain, Group, Batch))
         _compile(self, [], specs, dict(options))
         rows = list(prepared_rows(specs))
         jobs = enqueue_graph(rows, conf.jobs_database(using), _field)
@@ -112,6 +113,76 @@ class Group(_Form):
 
 #: A step of a workflow: a job, or a chain or group of them.
 Node = Step | Chain | Group
+
+
+class Batch(_Form):
+    """Jobs side by side and callbacks once all have finished; made by
+    [`batch()`][django_pgqueue.batch]. Not a step of other forms: enqueue it."""
+
+    def __init__(self, members: Group, callbacks: dict[str, Step]) -> None:
+        self.members = members
+        self.callbacks = callbacks
+
+    def __repr__(self) -> str:
+        callbacks = "".join(f", {name}={step!r}" for name, step in self.callbacks.items())
+        return f"batch({self.members!r}{callbacks})"
+
+
+#: The failure policy of each callback of a batch towards the batch's jobs.
+_CALLBACK_POLICIES = {
+    "on_complete": OnDependencyFailure.RUN.value,
+    "on_success": OnDependencyFailure.CANCEL.value,
+    "on_failure": OnDependencyFailure.RUN_ONLY.value,
+}
+
+
+def batch(
+    members: Node | Iterable[Node],
+    *,
+    on_complete: Step | None = None,
+    on_success: Step | None = None,
+    on_failure: Step | None = None,
+) -> Batch:
+    """Jobs side by side, and callbacks that each run once when every one has finished.
+
+    ```python
+    batch(
+        (import_row.step({"row": n}) for n in range(rows)),
+        on_complete=report.step({"import": pk}),
+        on_failure=alert.step({"import": pk}),
+    ).enqueue()
+    ```
+
+    - ``on_complete`` runs once all have finished, however they ended.
+    - ``on_success`` runs only if all completed; otherwise it is cancelled, and its
+      ``last_error`` names a job that failed.
+    - ``on_failure`` runs only if one failed for good or was cancelled; otherwise it is
+      cancelled as not needed.
+
+    A callback reads how the batch ended with
+    [`Job.dependency_outcome()`][django_pgqueue.models.Job.dependency_outcome]: how many
+    completed, and the ids of those that failed or were cancelled. ``members``: steps,
+    chains and groups, or one iterable of them; a chain counts by its last jobs. At
+    least one callback. Also ``django_pgqueue.batch``.
+    """
+    callbacks = {
+        name: step
+        for name, step in (
+            ("on_complete", on_complete),
+            ("on_success", on_success),
+            ("on_failure", on_failure),
+        )
+        if step is not None
+    }
+    for name, step in callbacks.items():
+        if not isinstance(step, Step):
+            raise TypeError(f"batch() takes a Step as {name}, got {step!r}")
+    if not callbacks:
+        raise InvalidJobError(
+            "on_complete", "a batch needs a callback: on_complete, on_success or on_failure"
+        )
+    group_of = members if isinstance(members, Group) else group(members)
+    return Batch(group_of, callbacks)
 
 
 def chain(*steps: Node | Iterable[Node]) -> Chain:
@@ -176,7 +247,7 @@ def _nodes(items: tuple[Any, ...], form: str) -> tuple[Node, ...]:
 
 
 def _compile(
-    node: Node, after: list[int], specs: list[dict[str, Any]], defaults: dict[str, Any]
+    node: Node | Batch, after: list[int], specs: list[dict[str, Any]], defaults: dict[str, Any]
 ) -> list[int]:
     """Append ``node``'s specs, its first jobs depending on the specs ``after``; return
     the indexes of its last jobs (those a following step waits for)."""
@@ -197,6 +268,24 @@ def _compile(
             spec.pop("on_dependency_failure", None)  # the workflow's, for steps that wait
         specs.append(spec)
         return [len(specs) - 1]
+    if isinstance(node, Batch):
+        exits = _compile(node.members, after, specs, defaults)
+        for name, callback in node.callbacks.items():
+            if callback.options.get("depends_on") is not None:
+                raise InvalidJobError(
+                    f"specs[{len(specs)}].depends_on",
+                    f"the {name} callback of a batch waits for the batch's jobs only",
+                )
+            spec = {
+                **defaults,
+                **callback.options,
+                "job_type": callback.job_type,
+                "data": callback.data,
+            }
+            spec["depends_on"] = exits
+            spec["on_dependency_failure"] = _CALLBACK_POLICIES[name]
+            specs.append(spec)
+        return []
     if isinstance(node, Chain):
         last = after
         for step in node.steps:

@@ -16,12 +16,17 @@ from dataclasses import dataclass, field
 
 from ..exceptions import InvalidJobError
 from ..jobrows import JobRow
-from ..schema import JobStatus, edge_resolved
+from ..schema import JobStatus, OnDependencyFailure, edge_resolved
 
 #: The most jobs one call may enqueue with dependencies among them.
 MAX_WORKFLOW_JOBS = 100_000
 
 _FAILED = frozenset({JobStatus.FAILED.value, JobStatus.CANCELLED.value})
+#: Why a job that runs only after a failure is cancelled when none came (the same words
+#: as pgqueue_settle_jobs).
+NOT_NEEDED = (
+    "Not run: it runs only after a failure of a job it waits for, and every one of them completed."
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +99,7 @@ def plan_steps(
     steps = [Step() for _ in rows]
     for index in order:
         row, step = rows[index], steps[index]
+        only_after_failure = failure_came = False
         for item in row.depends_on or ():
             policy = item.on_failure or row.on_dependency_failure
             if isinstance(item.target, int):
@@ -103,6 +109,9 @@ def plan_steps(
             else:
                 dependency_id, status, root = item.target, existing[item.target], None
             step.edges.append(Edge(row.id, dependency_id, policy))
+            if policy == OnDependencyFailure.RUN_ONLY:
+                only_after_failure = True
+                failure_came = failure_came or status in _FAILED
             if edge_resolved(policy, status):
                 continue
             step.unresolved += 1
@@ -113,6 +122,8 @@ def plan_steps(
             step.status = JobStatus.CANCELLED.value
         elif step.unresolved:
             step.status = JobStatus.WAITING.value
+        elif only_after_failure and not failure_came:
+            step.status, step.reason = JobStatus.CANCELLED.value, NOT_NEEDED
     return steps
 
 
