@@ -11,7 +11,7 @@ import pytest
 from django.db import transaction
 from django.urls import reverse
 
-from django_pgqueue import Dependency, InvalidJobError, enqueue, enqueue_many
+from django_pgqueue import Dependency, InvalidJobError, Step, chord, enqueue, enqueue_many
 from django_pgqueue.models import Job, JobDependency, JobStatus, JobWait
 from django_pgqueue.worker import Worker
 from tests.testapp.models import Execution
@@ -532,6 +532,44 @@ class TestAdmin:
 
         listed = {job.pk for job in page.context["cl"].result_list}
         assert listed == {first.pk, second.pk}
+
+    def test_a_workflows_page_lists_its_steps_and_what_each_waits_for(self, admin_client):
+        workflow = chord([Step("tests.noop") for _ in range(7)], Step("tests.noop")).enqueue()
+        first = workflow.jobs[0]
+        Job.objects.filter(pk=first.pk).update(status=JobStatus.COMPLETED)
+        follow = enqueue("tests.noop", depends_on=[first])
+
+        page = admin_client.get(reverse("admin:django_pgqueue_job_workflow", args=[workflow.id]))
+
+        assert page.status_code == 200
+        rows = page.context["rows"]
+        assert [row["job"].pk for row in rows] == [job.pk for job in workflow.jobs] + [follow.pk]
+        assert rows[-1]["waits_for"] == [{"number": 1, "id": first.pk}]
+        callback = rows[-2]
+        assert (callback["waits_for"], callback["waits_more"]) == ([], 7)
+        assert page.context["total"] == 9
+        counts = {count["status"]: count["count"] for count in page.context["counts"]}
+        assert counts == {"waiting": 1, "pending": 7, "completed": 1}
+        html = page.content.decode()
+        assert "and 7 jobs" not in html and "7 jobs" in html
+        assert f'data-pgqueue-job="{first.pk}"' in html  # refreshed live
+
+    def test_a_job_page_links_to_its_workflow(self, admin_client):
+        first = enqueue("tests.noop")
+        second = enqueue("tests.noop", depends_on=[first])
+
+        page = admin_client.get(reverse("admin:django_pgqueue_job_change", args=[second.pk]))
+
+        url = reverse("admin:django_pgqueue_job_workflow", args=[second.workflow_id])
+        assert f'href="{url}"' in page.content.decode()
+
+    def test_an_unknown_workflow_is_a_404_page(self, admin_client):
+        missing = uuid.uuid4()
+
+        page = admin_client.get(reverse("admin:django_pgqueue_job_workflow", args=[missing]))
+
+        assert page.status_code == 404
+        assert f"No workflow with id “{missing}”." in page.content.decode()
 
     def test_a_malformed_workflow_id_lists_nothing(self, admin_client):
         enqueue("tests.noop")

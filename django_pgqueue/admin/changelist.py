@@ -24,7 +24,6 @@ from django.utils.translation import gettext_lazy
 from ..models import Job
 from .actions import JobActions
 from .base import JobPaginator
-from .cells import JobCells
 from .filters import JobTypeFilter, QueueFilter, SearchError, search_filter
 from .formatting import TEMPLATES
 from .live import LiveView
@@ -97,7 +96,7 @@ class JobChangeList(ChangeList):
         return queryset.defer("data", "result", "last_error", "last_traceback", "worker_ids")
 
 
-class JobAdmin(JobCells, WorkflowCells, JobActions, LiveView, QueueOverview):
+class JobAdmin(WorkflowCells, JobActions, LiveView, QueueOverview):
     """Jobs, read-only, with live progress, retry/cancel/run-now actions and an overview."""
 
     class Media:
@@ -232,6 +231,11 @@ class JobAdmin(JobCells, WorkflowCells, JobActions, LiveView, QueueOverview):
                 name="django_pgqueue_job_queue_action",
             ),
             path("live/", wrap(self.live_view), name="django_pgqueue_job_live"),
+            path(
+                "workflow/<uuid:workflow_id>/",
+                wrap(self.workflow_view),
+                name="django_pgqueue_job_workflow",
+            ),
             path(
                 "<path:object_id>/actions/<str:action>/",
                 wrap(self.object_action_view),

@@ -1,9 +1,9 @@
-"""The workflow of a job in the admin: what it waits for, what waits for it, and the
-changelist filtered to its workflow.
+"""Workflows in the admin: a workflow's page (its steps, live, with what each waits
+for), the Workflow section of a job's page, and the changelist filtered to a workflow.
 
-A job outside workflows shows none of it. Each list is bounded (``EDGES_SHOWN``): a
-chord's callback may wait for ten thousand jobs, and the page shows the first ones and
-how many there are.
+A job outside workflows shows none of it. Every list is bounded (``EDGES_SHOWN``,
+``STEPS_SHOWN``): a chord's callback may wait for ten thousand jobs, and the pages show
+the first ones and how many there are.
 """
 
 from __future__ import annotations
@@ -12,22 +12,30 @@ import uuid
 from typing import Any
 
 from django.contrib import admin
-from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, QuerySet
+from django.http import HttpRequest, HttpResponse
 from django.template.loader import render_to_string
+from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.safestring import SafeString
+from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from ..models import Job, JobDependency, JobWait
-from ..schema import edge_resolved
-from .base import JobModelAdmin
+from ..schema import JobStatus, edge_resolved
+from .base import JobAdminBase
+from .cells import JobCells
 from .formatting import TEMPLATES
 
 #: Dependencies (and dependents) listed on a job's page; the rest are counted.
 EDGES_SHOWN = 50
+#: Steps listed on a workflow's page (the live refresh asks about 200 jobs at most).
+STEPS_SHOWN = 200
+#: Dependencies named in a step's row of a workflow's page; more are counted.
+WAITS_NAMED = 5
 
 #: The fieldset of the job page, added for jobs of a workflow.
 WORKFLOW_FIELDSET = (
@@ -37,6 +45,11 @@ WORKFLOW_FIELDSET = (
 
 
 def workflow_url(workflow_id: uuid.UUID) -> str:
+    """The page of a workflow."""
+    return reverse("admin:django_pgqueue_job_workflow", args=[workflow_id])
+
+
+def workflow_jobs_url(workflow_id: uuid.UUID) -> str:
     """The changelist of a workflow's jobs."""
     changelist = reverse("admin:django_pgqueue_job_changelist")
     return f"{changelist}?{urlencode({WorkflowFilter.parameter_name: str(workflow_id)})}"
@@ -64,8 +77,53 @@ class WorkflowFilter(admin.SimpleListFilter):
         return queryset.filter(workflow_id=workflow_id)
 
 
-class WorkflowCells(JobModelAdmin):
-    """The display methods of the job page's Workflow fieldset."""
+class WorkflowCells(JobCells, JobAdminBase):
+    """The display methods of the job page's Workflow fieldset, and the workflow page."""
+
+    def workflow_view(self, request: HttpRequest, workflow_id: uuid.UUID) -> HttpResponse:
+        """A workflow's steps in the order they were enqueued: status and progress (live),
+        what each waits for, and the counts of the whole workflow by status."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        jobs = self.get_queryset(request).filter(workflow_id=workflow_id)
+        counts = dict(jobs.order_by().values_list("status").annotate(count=Count("id")))
+        if not counts:
+            return self._not_found(request, _("No workflow with id “%s”.") % workflow_id)
+        steps = list(jobs.order_by("created_at", "id")[:STEPS_SHOWN])
+        number = {job.pk: index for index, job in enumerate(steps, 1)}
+        waits = _waits_for([job.pk for job in steps], jobs.db)
+        total = sum(counts.values())
+        site = self.admin_site.name
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Workflow %(id)s") % {"id": workflow_id},
+            "opts": self.opts,
+            "changelist_url": reverse(f"{site}:django_pgqueue_job_changelist"),
+            "jobs_url": workflow_jobs_url(workflow_id),
+            "counts": [
+                {"status": status, "label": status.label, "count": counts[status.value]}
+                for status in JobStatus
+                if status.value in counts
+            ],
+            "total": total,
+            "more": total - len(steps),
+            "rows": [
+                {
+                    "number": number[job.pk],
+                    "job": job,
+                    "url": _job_url(job),
+                    "status": self.status_badge(job),
+                    "progress": self.progress_bar(job),
+                    "waits_for": [
+                        {"number": number.get(dependency), "id": dependency}
+                        for dependency in waits.get(job.pk, ([], 0))[0]
+                    ],
+                    "waits_more": waits.get(job.pk, ([], 0))[1],
+                }
+                for job in steps
+            ],
+        }
+        return TemplateResponse(request, f"{TEMPLATES}/workflow.html", context)
 
     @admin.display(description=gettext_lazy("workflow"))
     def workflow(self, job: Job) -> SafeString | str:
@@ -114,6 +172,22 @@ def _edge_list(edges: QuerySet[JobDependency], side: str, job: Job, wait: JobWai
             ),
         },
     )
+
+
+def _waits_for(
+    job_ids: list[uuid.UUID], using: str
+) -> dict[uuid.UUID, tuple[list[uuid.UUID], int]]:
+    """For each of ``job_ids`` with dependencies: the first ``WAITS_NAMED`` of them, and
+    how many more there are. Two queries, however many edges a job has."""
+    edges = JobDependency.objects.using(using).filter(job_id__in=job_ids)
+    totals = dict(edges.order_by().values_list("job_id").annotate(count=Count("id")))
+    few = [job_id for job_id, count in totals.items() if count <= WAITS_NAMED]
+    named: dict[uuid.UUID, list[uuid.UUID]] = {job_id: [] for job_id in totals}
+    for job_id, dependency_id in (
+        edges.filter(job_id__in=few).order_by("id").values_list("job_id", "dependency_id")
+    ):
+        named[job_id].append(dependency_id)
+    return {job_id: (named[job_id], totals[job_id] - len(named[job_id])) for job_id in totals}
 
 
 def _job_url(job: Job) -> str:
