@@ -250,7 +250,7 @@ def targets(results: Results, ours: str = "pgqueue") -> list[Target]:
             5.0,
             False,
             unit="ms",
-            detail="a step's start minus the previous step's finish",
+            detail="no-op steps: a step's start minus the previous step's start",
         ),
         Target(
             "W10 rate kept, off the limit by",
@@ -408,8 +408,8 @@ def markdown(results: Results) -> str:
         "## Workflows (W8)",
         "",
         "A chord: its members side by side, then a callback after them all, timed from the "
-        "start of the enqueue to the callback's finish. A chain: each step's start minus the "
-        "previous step's finish, idle workers.",
+        "start of the enqueue to the callback's finish. A chain of no-op steps: each step's "
+        "start minus the previous step's start, as the handlers report them, idle workers.",
         "",
         "| System | Slots | W8 chord (jobs/s) | W8 / W3 | chain step-to-step p50 (ms) | p95 (ms) |",
         "|---|---|---|---|---|---|",

@@ -137,3 +137,37 @@ def wait_until_drained(
         f"not drained by the deadline: {status}\n"
         + (fleet.outputs()[-4000:] if fleet is not None else "")
     )
+
+
+#: A worker is killed each time about another tenth of the jobs has completed, up to
+#: 80 %: tied to progress, not to the clock, so a fast machine cannot finish the drain
+#: between two kills. The last fifth is left for recovery to finish.
+KILL_AT = [tenth / 10 for tenth in range(1, 9)]
+
+
+def kill_as_jobs_complete(
+    conn: psycopg.Connection[Any], fleet: Fleet, jobs: int, rng: Any, deadline: float
+) -> int:
+    """Kill (and replace) a random worker of ``fleet`` at each fraction of ``KILL_AT``
+    of ``jobs`` completed, somewhere in that tenth at random (kills land on workers in
+    every state); return how many were killed before ``deadline``."""
+    kills = 0
+    for fraction in KILL_AT:
+        threshold = (fraction + rng.uniform(-0.04, 0.04)) * jobs
+        if not wait_for_completed(conn, threshold, deadline):
+            break
+        fleet.kill_and_replace(rng.randrange(fleet.size))
+        kills += 1
+    return kills
+
+
+def wait_for_completed(conn: psycopg.Connection[Any], count: float, deadline: float) -> bool:
+    """Wait until at least ``count`` jobs completed; False if the deadline came first."""
+    while time.monotonic() < deadline:
+        (completed,) = conn.execute(
+            "SELECT count(*) FROM pgqueue_jobs WHERE status = 'completed'"
+        ).fetchone()
+        if completed >= count:
+            return True
+        time.sleep(0.02)
+    return False

@@ -6,20 +6,22 @@ from __future__ import annotations
 import os
 import random
 import time
-from typing import Any
 
 import pytest
 
-from .fleet import Fleet, duplicate_runs_by, enqueue_sql, execution_figures, wait_until_drained
+from .fleet import (
+    Fleet,
+    duplicate_runs_by,
+    enqueue_sql,
+    execution_figures,
+    kill_as_jobs_complete,
+    wait_until_drained,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 JOBS = 10_000
 WORKERS = 4
-# A worker is killed each time about another tenth of the jobs has completed, up to 80 %:
-# tied to progress, not to the clock, so a fast machine cannot finish the drain between
-# two kills. The last fifth is left for recovery to finish.
-KILL_AT = [tenth / 10 for tenth in range(1, 9)]
 MIN_KILLS = 3
 DEADLINE = 60.0  # seconds for the whole drain, kills included
 
@@ -32,14 +34,7 @@ def test_killed_workers_lose_no_job_and_never_overlap_runs(other_connection, fig
     started = time.monotonic()
     deadline = started + DEADLINE
     try:
-        kills = 0
-        for fraction in KILL_AT:
-            # Somewhere in this tenth, at random: kills land on workers in every state.
-            threshold = (fraction + rng.uniform(-0.04, 0.04)) * JOBS
-            if not wait_for_completed(other_connection, threshold, deadline):
-                break
-            fleet.kill_and_replace(rng.randrange(WORKERS))
-            kills += 1
+        kills = kill_as_jobs_complete(other_connection, fleet, JOBS, rng, deadline)
         wait_until_drained(other_connection, deadline, fleet)
         elapsed = time.monotonic() - started
         fleet.assert_alive()
@@ -63,15 +58,3 @@ def test_killed_workers_lose_no_job_and_never_overlap_runs(other_connection, fig
     assert {worker for _, worker in repeated} <= set(fleet.killed_ids), repeated
     assert result["duplicates"] == len(repeated)
     assert kills >= MIN_KILLS, f"only {kills} kills before the deadline"
-
-
-def wait_for_completed(conn: Any, count: float, deadline: float) -> bool:
-    """Wait until at least ``count`` jobs completed; False if the deadline came first."""
-    while time.monotonic() < deadline:
-        (completed,) = conn.execute(
-            "SELECT count(*) FROM pgqueue_jobs WHERE status = 'completed'"
-        ).fetchone()
-        if completed >= count:
-            return True
-        time.sleep(0.02)
-    return False

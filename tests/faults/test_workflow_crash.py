@@ -12,14 +12,19 @@ import pytest
 
 from django_pgqueue import Step, chord
 
-from .fleet import JOB_TYPE, Fleet, duplicate_runs_by, execution_figures, wait_until_drained
-from .test_worker_crash import wait_for_completed
+from .fleet import (
+    JOB_TYPE,
+    Fleet,
+    duplicate_runs_by,
+    execution_figures,
+    kill_as_jobs_complete,
+    wait_until_drained,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 MEMBERS = 10_000
 WORKERS = 4
-KILL_AT = [tenth / 10 for tenth in range(1, 9)]
 MIN_KILLS = 3
 DEADLINE = 90.0  # seconds for the whole workflow, kills included
 
@@ -42,13 +47,7 @@ def test_killed_workers_complete_a_chord_and_release_its_callback_once(other_con
     started = time.monotonic()
     deadline = started + DEADLINE
     try:
-        kills = 0
-        for fraction in KILL_AT:
-            threshold = (fraction + rng.uniform(-0.04, 0.04)) * MEMBERS
-            if not wait_for_completed(other_connection, threshold, deadline):
-                break
-            fleet.kill_and_replace(rng.randrange(WORKERS))
-            kills += 1
+        kills = kill_as_jobs_complete(other_connection, fleet, MEMBERS, rng, deadline)
         wait_until_drained(other_connection, deadline, fleet)
         elapsed = time.monotonic() - started
         fleet.assert_alive()
