@@ -593,3 +593,22 @@ class TestAdmin:
             JobStatus.CANCELLED,
             JobStatus.CANCELLED,
         ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_warns_when_releases_notify_another_channel(pgqueue_settings, caplog):
+    pgqueue_settings(NOTIFY_CHANNEL="shop_jobs")
+
+    with caplog.at_level("WARNING", logger="django_pgqueue.worker"):
+        Worker(burst=True).run()
+
+    assert "the database notifies workflow steps it releases on 'pgqueue_jobs'" in caplog.text
+    assert "SET pgqueue.notify_channel = 'shop_jobs'" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_on_the_default_channel_does_not_warn(caplog):
+    with caplog.at_level("WARNING", logger="django_pgqueue.worker"):
+        Worker(burst=True).run()
+
+    assert "notify_channel" not in caplog.text

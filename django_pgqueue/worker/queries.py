@@ -124,3 +124,8 @@ WORKER_STOPPED = (
 FORGET_OLD_WORKERS = """
 DELETE FROM pgqueue_workers WHERE heartbeat_at < now() - interval '1 day'
 """
+
+# The channel the database's release of workflow steps notifies (sql/workflow_settle_v1.sql).
+RELEASE_CHANNEL = (
+    "SELECT coalesce(nullif(current_setting('pgqueue.notify_channel', true), ''), 'pgqueue_jobs')"
+)

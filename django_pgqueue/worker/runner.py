@@ -266,6 +266,7 @@ class Worker:
         previous_handlers = self._install_signal_handlers()
         self._register()
         self._sync_limits()
+        self._check_release_channel()
         slots = SlotPool(self.concurrency, self.using, self._on_job_done)
         threads = self._start_threads()
         try:
@@ -348,6 +349,28 @@ class Worker:
         except (DatabaseError, psycopg.Error) as exc:
             # The limits stored by an earlier worker still apply: keep running.
             logger.error("could not write the declared limits (%s)", exc)
+
+    def _check_release_channel(self) -> None:
+        """Warn when the database notifies released workflow steps on another channel
+        than the one this worker listens to: they would wait for a poll."""
+        settings = conf.get_settings()
+        if not settings.NOTIFY:
+            return
+        try:
+            row = self._db().execute(queries.RELEASE_CHANNEL).fetchone()
+        except psycopg.Error as exc:
+            logger.warning("could not read pgqueue.notify_channel (%s)", exc)
+            return
+        channel = row[0] if row else None
+        if channel != settings.NOTIFY_CHANNEL:
+            logger.warning(
+                "PGQUEUE['NOTIFY_CHANNEL'] is %r, but the database notifies workflow steps "
+                "it releases on %r: idle workers find them at their next poll. Run ALTER "
+                "DATABASE <name> SET pgqueue.notify_channel = %r",
+                settings.NOTIFY_CHANNEL,
+                channel,
+                settings.NOTIFY_CHANNEL,
+            )
 
     def _mark_stopped(self) -> None:
         try:
