@@ -261,7 +261,7 @@ def _compile(
                 "a step's depends_on names jobs that exist already, not indexes",
             )
         depends_on = [*after, *(given or ())]
-        spec = {**defaults, **node.options, "job_type": node.job_type, "data": node.data}
+        spec = _spec(node, defaults)
         if depends_on:
             spec["depends_on"] = depends_on
         elif "on_dependency_failure" not in node.options:
@@ -276,15 +276,10 @@ def _compile(
                     f"specs[{len(specs)}].depends_on",
                     f"the {name} callback of a batch waits for the batch's jobs only",
                 )
-            spec = {
-                **defaults,
-                **callback.options,
-                "job_type": callback.job_type,
-                "data": callback.data,
-            }
-            spec["depends_on"] = exits
-            spec["on_dependency_failure"] = _CALLBACK_POLICIES[name]
-            specs.append(spec)
+            policy = _CALLBACK_POLICIES[name]
+            specs.append(
+                {**_spec(callback, defaults), "depends_on": exits, "on_dependency_failure": policy}
+            )
         return []
     if isinstance(node, Chain):
         last = after
@@ -292,6 +287,11 @@ def _compile(
             last = _compile(step, last, specs, defaults)
         return last
     return [index for member in node.members for index in _compile(member, after, specs, defaults)]
+
+
+def _spec(step: Step, defaults: dict[str, Any]) -> dict[str, Any]:
+    """``step`` as a spec of ``enqueue_many``: its own options over the workflow's."""
+    return {**defaults, **step.options, "job_type": step.job_type, "data": step.data}
 
 
 def _field(index: int) -> str:
