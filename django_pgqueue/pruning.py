@@ -19,6 +19,7 @@ from typing import Any
 from django.db import connections
 
 from . import conf
+from .jobrows import version7_id
 from .schema import FINISHED, JobStatus, status_in, values
 
 logger = logging.getLogger("django_pgqueue.pruning")
@@ -117,8 +118,7 @@ _FIRST_ID = uuid.UUID(int=0)
 
 def _id_of_time(seconds: float) -> uuid.UUID:
     """The smallest version 7 UUID of a time: ids of later jobs and workflows sort after."""
-    millis = max(int(seconds * 1000), 0)
-    return uuid.UUID(int=(millis & 0xFFFF_FFFF_FFFF) << 80 | 0x7 << 76 | 0b10 << 62)
+    return version7_id(max(int(seconds * 1000), 0))
 
 
 def _prunable_workflows(
