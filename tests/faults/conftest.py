@@ -82,7 +82,10 @@ class MigratedCluster:
     def reset(self) -> None:
         """Empty the tables the fault tests write (between tests)."""
         with self.connect() as conn:
-            conn.execute("TRUNCATE pgqueue_jobs, pgqueue_workers, testapp_execution CASCADE")
+            conn.execute(
+                "TRUNCATE pgqueue_jobs, pgqueue_job_dependencies, pgqueue_job_waits, "
+                "pgqueue_workers, testapp_execution CASCADE"
+            )
 
 
 @pytest.fixture(scope="session")
