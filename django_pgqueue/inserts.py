@@ -269,12 +269,12 @@ def insert_plain_many(rows: list[JobRow], more: Iterator[JobRow], using: str) ->
         with transaction.atomic(using=using):
             return _copy_rows(rows, more, using)
     # Rows are on their way before every spec is validated: a bad one must take them back.
-    with transaction.atomic(using=using), _collector_paused():
+    with transaction.atomic(using=using), collector_paused():
         return _copy_rows(rows, itertools.chain([following], more), using)
 
 
 @contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
+def collector_paused() -> Iterator[None]:
     """Pause Python's cyclic garbage collector while a large batch is built.
 
     A streamed batch creates several tracked objects per job (its row, ``Job``, the

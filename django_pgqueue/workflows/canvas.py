@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 
 from .. import conf
 from ..exceptions import InvalidJobError
+from ..inserts import collector_paused
 from ..jobrows import prepared_rows
 from ..options import ENQUEUE_KEYS, EnqueueOptions, Step, check_keys
 from ..schema import OnDependencyFailure
@@ -83,9 +84,10 @@ class _Form:
                 )
         specs: list[dict[str, Any]] = []
         assert isinstance(self, (Chain, Group, Batch))
-        _compile(self, [], specs, dict(options))
-        rows = list(prepared_rows(specs))
-        jobs = enqueue_graph(rows, conf.jobs_database(using), _field)
+        with collector_paused():  # several objects per step, no cycles (inserts.py)
+            _compile(self, [], specs, dict(options))
+            rows = list(prepared_rows(specs))
+            jobs = enqueue_graph(rows, conf.jobs_database(using), _field)
         workflow_id = jobs[0].workflow_id
         assert workflow_id is not None
         return Workflow(workflow_id, jobs)

@@ -10,6 +10,7 @@ between the read of its status and the commit would never release its new depend
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -23,7 +24,9 @@ from ..exceptions import InvalidJobError
 from ..inserts import (
     COLUMNS,
     COPY_ESCAPES,
+    COPY_PART_ROWS,
     built,
+    collector_paused,
     copy_line,
     run_at_of,
     send_enqueued,
@@ -70,7 +73,11 @@ def enqueue_graph(rows: list[JobRow], alias: str, field_of: Callable[[int], str]
             )
         _check_databases(row, alias, field_of(index))
     order = internal_order(rows, field_of)
-    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+    with (
+        transaction.atomic(using=alias),
+        collector_paused(),
+        connections[alias].cursor() as cursor,
+    ):
         existing_ids = sorted(
             {
                 item.target
@@ -104,8 +111,7 @@ def enqueue_graph(rows: list[JobRow], alias: str, field_of: Callable[[int], str]
         ]
         values = [_step_values(step, workflow_id, now) for step in steps]
         with connections[alias].wrap_database_errors:
-            _copy(cursor, pending, steps, times, values, now)
-        jobs = built(pending, times, alias, values)
+            jobs = _send(cursor, pending, steps, times, values, now, alias)
         settle_held(jobs, pending, alias)
         settings = conf.get_settings()
         due_ids = [
@@ -167,48 +173,68 @@ def _step_values(step: Step, workflow_id: uuid.UUID, now: datetime) -> dict[str,
     }
 
 
-def _copy(
+def _send(
     cursor: Any,
     rows: Sequence[JobRow],
     steps: Sequence[Step],
     times: Sequence[tuple[datetime, datetime]],
     values: Sequence[dict[str, Any]],
     now: datetime,
-) -> None:
-    """Send the jobs, their edges and their counters, with ``COPY`` in its text format.
+    alias: str,
+) -> list[Job]:
+    """Send the jobs, their edges and their counters with ``COPY`` in its text format;
+    return the jobs, built while the server inserts the edges.
 
     ``times``: each job's ``created_at`` (the clock read before, plus a microsecond a
     job: claim order is the order given) and ``run_at``; ``values``: its workflow
     columns (``_step_values``). A job's line is a plain insert's (``copy_line``) and
-    its workflow columns; ids go as 32 hex digits, as there.
+    its workflow columns; ids go as 32 hex digits, as there. The jobs go in parts of
+    ``COPY_PART_ROWS``, and each part's insert overlaps the formatting of the next: the
+    server inserts while Python formats, as in ``enqueue_many``.
     """
     raw = cursor.cursor  # psycopg's cursor, for COPY
     now_text = now.isoformat()
     with raw.copy(_COPY_JOBS) as copy:
-        copy.write(
-            "".join(
-                f"{copy_line(row, job_times, now_text)[:-1]}\t{more['status']}\t"
-                f"{more['workflow_id'].int:032x}\t{more['last_error'].translate(COPY_ESCAPES)}"
-                f"\t{_timestamp(more['completed_at'])}\n"
-                for row, job_times, more in zip(rows, times, values, strict=True)
+        for start in range(0, len(rows), COPY_PART_ROWS):
+            end = start + COPY_PART_ROWS
+            copy.write(
+                "".join(
+                    map(
+                        _job_line,
+                        rows[start:end],
+                        times[start:end],
+                        values[start:end],
+                        itertools.repeat(now_text),
+                    )
+                )
             )
+        edges = "".join(
+            f"{edge.job.int:032x}\t{edge.dependency.int:032x}\t{edge.on_failure}\n"
+            for step in steps
+            for edge in step.edges
         )
     with raw.copy(_COPY_EDGES) as copy:
-        copy.write(
-            "".join(
-                f"{edge.job.int:032x}\t{edge.dependency.int:032x}\t{edge.on_failure}\n"
-                for step in steps
-                for edge in step.edges
-            )
+        copy.write(edges)
+        waits = "".join(
+            f"{row.id.int:032x}\t{step.unresolved}\t{_uuid(step.cancelled_by)}\n"
+            for row, step in zip(rows, steps, strict=True)
+            if step.unresolved
         )
+        jobs = built(rows, times, alias, values)
     with raw.copy(_COPY_WAITS) as copy:
-        copy.write(
-            "".join(
-                f"{row.id.int:032x}\t{step.unresolved}\t{_uuid(step.cancelled_by)}\n"
-                for row, step in zip(rows, steps, strict=True)
-                if step.unresolved
-            )
-        )
+        copy.write(waits)
+    return jobs
+
+
+def _job_line(
+    row: JobRow, times: tuple[datetime, datetime], more: dict[str, Any], now_text: str
+) -> str:
+    """``row``'s line of ``_COPY_JOBS``: a plain insert's, then its workflow columns."""
+    return (
+        f"{copy_line(row, times, now_text)[:-1]}\t{more['status']}\t"
+        f"{more['workflow_id'].int:032x}\t{more['last_error'].translate(COPY_ESCAPES)}"
+        f"\t{_timestamp(more['completed_at'])}\n"
+    )
 
 
 def _timestamp(value: datetime | None) -> str:
