@@ -427,6 +427,7 @@ def markdown(results: Results) -> str:
                 _cell(results, system.name, "W8-chain-p95", "", "ms") if chain else "",
             ]
             out.append(f"| {_system_label(results, system.name)} | " + " | ".join(cells) + " |")
+    out += _against_celery(results)
     limit = meta.get("w10_rate")
     out += [
         "",
@@ -452,6 +453,35 @@ def markdown(results: Results) -> str:
     for note in meta.get("notes", []):
         out.append(f"- {note}")
     return "\n".join(out) + "\n"
+
+
+#: The Celery rows W8 is compared with: (system, its label in the comparison).
+CELERY_ROWS = (("celery", "on Redis without persistence"), ("celery-durable", "on durable Redis"))
+
+
+def _against_celery(results: Results) -> list[str]:
+    """W8 side by side with Celery's canvas: each system's best layout, and the chain."""
+    ours = best_variant(results, "pgqueue", "W8")
+    chain = results.find("pgqueue", "W8-chain-p50")
+    lines = []
+    for name, how in CELERY_ROWS:
+        theirs = best_variant(results, name, "W8")
+        their_chain = results.find(name, "W8-chain-p50")
+        chord_ratio = _ratio(ours.median if ours else None, theirs.median if theirs else None)
+        if chord_ratio is None or ours is None or theirs is None:
+            continue
+        line = (
+            f"- Against Celery {how}: the chord {chord_ratio:.1f}x as fast "
+            f"({ours.median:,.0f} jobs/s, {ours.variant}, against {theirs.median:,.0f}, "
+            f"{theirs.variant})"
+        )
+        if chain and chain.median is not None and their_chain and their_chain.median is not None:
+            line += (
+                f"; a chain's step-to-step p50 {chain.median:.1f} ms against "
+                f"{their_chain.median:.1f} ms"
+            )
+        lines.append(line + ".")
+    return ["", *lines] if lines else []
 
 
 def _ratio_cell(results: Results, system: str, workloads: tuple[str, str], variant: str) -> str:

@@ -35,7 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import baseline, report  # noqa: E402
+from bench import baseline, redis_server, report  # noqa: E402
 from bench.common import W9_KEYS, W10_LAYOUT, W11_RATE  # noqa: E402
 from bench.report import Figure, Results, SystemInfo  # noqa: E402
 
@@ -150,6 +150,27 @@ NO_PER_KEY_LIMITS = "n/a: no per-key concurrency limit"
 NO_RATE_LIMITS = "n/a: no cluster-wide rate limit"
 #: Why a peer has no W8 figure.
 NO_WORKFLOWS = "n/a: no workflows (chords, chains)"
+#: Why a Redis-based peer has no W5 figure.
+NO_FINISHED_ROWS = "n/a: Redis keeps no finished jobs for a drain to pass over"
+#: What Celery lacks of the workloads, whatever its Redis.
+CELERY_UNSUPPORTED = {
+    "W5": NO_FINISHED_ROWS,
+    "W9": NO_PER_KEY_LIMITS,
+    "W10": "n/a: its rate_limit is per worker process, not cluster-wide",
+    "W11": NO_RATE_LIMITS,
+}
+CELERY_LAYOUTS = {
+    "prefork-4": "1 worker, prefork pool, `--concurrency 4`",
+    "threads-4": "1 worker, threads pool, `--concurrency 4`",
+}
+CELERY_NOTES = (
+    "`.delay()` (W1); no bulk enqueue, so W2 is a loop of `apply_async` on one producer "
+    "connection; `task_acks_late=True` (nothing lost with a worker), a prefetch of 100 "
+    "tasks, results ignored except the chord's members (W8: `chord(group(...), callback)` "
+    "with Redis as the result backend; its chain is `chain(task.si(...), ...)`). A drain "
+    "ends when the queue and the unacknowledged set are empty; the worker waits in its "
+    "`worker_ready` signal for the start, so its start-up is not timed.",
+)
 
 
 @dataclass(frozen=True)
@@ -167,6 +188,9 @@ class SystemSpec:
     notes: tuple[str, ...] = ()
     #: Where its harness runs and imports ``bench`` from (None: the repository).
     harness_path: Path | None = None
+    #: The settings of the ``redis-server`` the benchmark starts for it (None: it needs
+    #: none); its harness finds it at ``BENCH_REDIS_URL``.
+    redis: tuple[str, ...] | None = None
 
 
 SYSTEMS = [
@@ -245,6 +269,35 @@ SYSTEMS = [
             "transaction per 5,000); `db_worker` polls (W4 with `--interval 0.1`, not the "
             "default 1 s).",
         ),
+    ),
+    SystemSpec(
+        "celery",
+        "Celery on Redis (no persistence)",
+        "bench.systems.harness_celery",
+        ("celery[redis]==5.7.0",),
+        "celery",
+        CELERY_LAYOUTS,
+        unsupported=CELERY_UNSUPPORTED,
+        notes=(
+            *CELERY_NOTES,
+            'Redis as most teams run it: `--appendonly no --save ""`, so a crash of '
+            "Redis loses every queued task.",
+        ),
+        redis=redis_server.VOLATILE,
+    ),
+    SystemSpec(
+        "celery-durable",
+        "Celery on Redis (appendfsync always)",
+        "bench.systems.harness_celery",
+        ("celery[redis]==5.7.0",),
+        "celery",
+        CELERY_LAYOUTS,
+        unsupported=CELERY_UNSUPPORTED,
+        notes=(
+            *CELERY_NOTES,
+            "Redis durable as a PostgreSQL commit: `--appendonly yes --appendfsync always`.",
+        ),
+        redis=redis_server.DURABLE,
     ),
 ]
 PEER_EXTRA_LAYOUT = {"2x2": "2 processes x concurrency 2"}
@@ -391,13 +444,20 @@ def distribution_version(python: str, distribution: str) -> str:
 
 
 def harness(
-    python: str, module: str, dsn: str, *args: str, timeout: float, path: Path = ROOT
+    python: str,
+    module: str,
+    dsn: str,
+    *args: str,
+    timeout: float,
+    path: Path = ROOT,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run one harness command in its own process group; return its JSON result.
 
-    ``path``: its working directory and ``PYTHONPATH``, where ``bench`` is imported from.
+    ``path``: its working directory and ``PYTHONPATH``, where ``bench`` is imported from;
+    ``env``: variables added to its environment.
     """
-    env = {**os.environ, "PYTHONPATH": str(path)}
+    env = {**os.environ, **(env or {}), "PYTHONPATH": str(path)}
     env.pop("DJANGO_SETTINGS_MODULE", None)
     process = subprocess.Popen(
         [python, "-m", module, "--dsn", dsn, *args],
@@ -433,11 +493,15 @@ class Prepared:
     #: A second database holding the W5 finished rows, so that W3 and W5 runs alternate.
     history: str
     layouts: dict[str, str]
+    #: Variables for its harness's environment (``BENCH_REDIS_URL``).
+    env: dict[str, str] = field(default_factory=dict)
 
     def run(self, *args: str, history: bool = False, timeout: float = 1800) -> dict[str, Any]:
         dsn = self.history if history else self.dsn
         path = self.spec.harness_path or ROOT
-        return harness(self.python, self.spec.module, dsn, *args, timeout=timeout, path=path)
+        return harness(
+            self.python, self.spec.module, dsn, *args, timeout=timeout, path=path, env=self.env
+        )
 
 
 # -- pgbench ----------------------------------------------------------------------------
@@ -656,6 +720,7 @@ class Bench:
                     if (
                         workload == "W3"
                         and "W5" in self.workloads
+                        and "W5" not in system.spec.unsupported
                         and paired
                         and (name, "W3", layout) in self.jobs
                     ):
@@ -759,19 +824,36 @@ def _percentiles(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def prepare(bench: Bench, specs: Sequence[SystemSpec], admin_url: str, args: Any) -> None:
-    """Install, create a database for and set up each system; unavailable ones are noted."""
+def prepare(
+    bench: Bench,
+    specs: Sequence[SystemSpec],
+    admin_url: str,
+    args: Any,
+    services: contextlib.ExitStack,
+) -> None:
+    """Install, create a database for and set up each system; unavailable ones are noted.
+
+    A system that needs Redis gets its own ``redis-server``, stopped with ``services``.
+    """
     for spec in specs:
         info = next(s for s in bench.results.systems if s.name == spec.name)
         try:
             python = ensure_venv(spec, Path(args.venv_dir))
             info.version = distribution_version(python, spec.distribution)
             path = spec.harness_path or ROOT
+            env = {}
+            if spec.redis is not None:
+                try:
+                    env["BENCH_REDIS_URL"] = services.enter_context(
+                        redis_server.redis_server(spec.redis)
+                    )
+                except redis_server.RedisUnavailable as exc:
+                    raise Unavailable(str(exc)) from None
             dsn = fresh_database(admin_url, spec.name)
-            harness(python, spec.module, dsn, "setup", timeout=300, path=path)
+            harness(python, spec.module, dsn, "setup", timeout=300, path=path, env=env)
             history = fresh_database(admin_url, f"{spec.name}_w5")
-            harness(python, spec.module, history, "setup", timeout=300, path=path)
-            if "W5" in bench.workloads:
+            harness(python, spec.module, history, "setup", timeout=300, path=path, env=env)
+            if "W5" in bench.workloads and "W5" not in spec.unsupported:
                 rows = str(bench.sizes.w5_rows)
                 filled = harness(
                     python,
@@ -792,10 +874,10 @@ def prepare(bench: Bench, specs: Sequence[SystemSpec], admin_url: str, args: Any
             log(f"{spec.label}: {info.status}")
             continue
         layouts = dict(spec.layouts)
-        if args.all_layouts and spec.requirements and "4x1" not in layouts:
+        if args.all_layouts and spec.requirements and spec.redis is None and "4x1" not in layouts:
             layouts.update(PEER_EXTRA_LAYOUT)
         info.slots = layouts
-        bench.systems.append(Prepared(spec, python, dsn, history, layouts))
+        bench.systems.append(Prepared(spec, python, dsn, history, layouts, env))
         log(f"{spec.label} {info.version}: ready")
 
 
@@ -1002,10 +1084,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     bench = Bench(results, sizes, args.workloads)
     log(f"benchmark: {results.meta['mode']} mode, systems {', '.join(names)}")
-    with postgres(args.database_url, args.server_setting) as admin_url:
+    with (
+        postgres(args.database_url, args.server_setting) as admin_url,
+        contextlib.ExitStack() as services,
+    ):
         results.meta["settings"] = server_settings(admin_url)
         log(f"server: {admin_url} {results.meta['settings']}")
-        prepare(bench, specs, admin_url, args)
+        prepare(bench, specs, admin_url, args, services)
         if "pgbench" in names:
             prepare_pgbench(bench, admin_url)
         try:
