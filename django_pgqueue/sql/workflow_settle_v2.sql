@@ -9,11 +9,21 @@
 -- (1.6 ms instead of 0.2). A lateral subquery with OFFSET 0 is not flattened into a
 -- join, so it runs as one index lookup per finished job. The results are the same;
 -- only the functions below change.
+--
+-- And the cascade of cancellations locks the jobs it cancels (their counters, then the
+-- jobs) in the order of their ids before it changes them: version 1 updated them in
+-- the order of its plan, so two transactions cancelling overlapping sets of dependents
+-- could deadlock (one of them then failed and was retried).
 
--- Version 1's, with the lookup of dependents by index (see the top of this file).
+-- Version 1's, with the lookup of dependents by index and its locks in id order (see
+-- the top of this file).
 CREATE OR REPLACE FUNCTION pgqueue_cancel_dependents(p_roots uuid[])
 RETURNS void
 LANGUAGE plpgsql AS $$
+DECLARE
+    v_jobs uuid[];
+    v_causes uuid[];
+    v_roots uuid[];
 BEGIN
     WITH RECURSIVE doomed(job_id, cause, root) AS (
         SELECT d.job_id, d.dependency_id, d.dependency_id
@@ -41,11 +51,21 @@ BEGIN
         SELECT DISTINCT ON (job_id) job_id, cause, root
           FROM doomed
          ORDER BY job_id, cause = root DESC, cause
-    ), marked AS (
-        UPDATE pgqueue_job_waits AS w SET cancelled_by_id = chosen.cause
-          FROM chosen
-         WHERE w.job_id = chosen.job_id
     )
+    SELECT array_agg(job_id ORDER BY job_id), array_agg(cause ORDER BY job_id),
+           array_agg(root ORDER BY job_id)
+      INTO v_jobs, v_causes, v_roots
+      FROM chosen;
+    IF v_jobs IS NULL THEN
+        RETURN;
+    END IF;
+    -- Locked in id order, counters first, as a finish locks them: two transactions
+    -- cancelling overlapping dependents take turns instead of deadlocking.
+    PERFORM 1 FROM pgqueue_job_waits WHERE job_id = ANY(v_jobs) ORDER BY job_id FOR UPDATE;
+    PERFORM 1 FROM pgqueue_jobs WHERE id = ANY(v_jobs) ORDER BY id FOR UPDATE;
+    UPDATE pgqueue_job_waits AS w SET cancelled_by_id = chosen.cause
+      FROM unnest(v_jobs, v_causes) AS chosen(job_id, cause)
+     WHERE w.job_id = chosen.job_id;
     UPDATE pgqueue_jobs AS j
        SET status = 'cancelled', completed_at = now(), held = false,
            last_error = CASE WHEN chosen.cause = chosen.root
@@ -54,7 +74,7 @@ BEGIN
                ELSE format('Cancelled: job %s, which it depends on, was cancelled '
                            'because job %s is %s.', chosen.cause, chosen.root, root.status)
            END
-      FROM chosen
+      FROM unnest(v_jobs, v_causes, v_roots) AS chosen(job_id, cause, root)
       JOIN pgqueue_jobs AS root ON root.id = chosen.root
      WHERE j.id = chosen.job_id AND j.status = 'waiting';
 END
