@@ -238,7 +238,8 @@ def drain(args: Any) -> dict[str, Any]:
         raise RuntimeError(f"{done} of {args.jobs} jobs completed")
     last = _execute(f"SELECT extract(epoch FROM max(completed_at)) FROM {TABLE}")[0][0]
     # W8 is timed from the enqueue: the workflow's writing is part of its cost.
-    return common.drain_rate(args.jobs, start - enqueue_seconds, float(last), end)
+    result = common.drain_rate(args.jobs, start - enqueue_seconds, float(last), end)
+    return {**result, "enqueue": enqueue_seconds} if args.kind == "chord" else result
 
 
 def rate_limit(args: Any) -> dict[str, Any]:
