@@ -329,7 +329,7 @@ def _copy_rows(first: list[JobRow], more: Iterator[JobRow], using: str) -> list[
             )
         settings = conf.get_settings()
         if settings.NOTIFY:
-            _notify_copied(cursor, connection, rows, times, now, settings.NOTIFY_CHANNEL)
+            notify_copied(cursor, connection, rows, times, now, settings.NOTIFY_CHANNEL)
     return jobs
 
 
@@ -351,7 +351,7 @@ def settle_held(jobs: list[Job], rows: Iterable[JobRow], using: str) -> None:
         job.held = job.id in still_held
 
 
-def _notify_copied(
+def notify_copied(
     cursor: Any,
     connection: BaseDatabaseWrapper,
     rows: list[JobRow],

@@ -273,6 +273,24 @@ def test_a_dependency_that_failed_before_the_enqueue_cancels_the_job_at_birth():
     assert [status(job) for job in jobs[:2]] == [JobStatus.WAITING, JobStatus.WAITING]
 
 
+def test_a_job_after_one_not_needed_at_birth_is_cancelled_at_birth_with_it():
+    first = enqueue("tests.noop")
+    finish(first)
+
+    jobs = enqueue_many(
+        [
+            {"job_type": "tests.noop", "depends_on": [Dependency(first, on_failure="run_only")]},
+            {"job_type": "tests.noop", "depends_on": [0]},
+        ]
+    )
+
+    assert [job.status for job in jobs] == [JobStatus.CANCELLED, JobStatus.CANCELLED]
+    assert jobs[0].last_error.startswith("Not run: it runs only after a failure")
+    # In the words the database uses when a job is cancelled as not needed later.
+    assert jobs[1].last_error == f"Cancelled: job {jobs[0].id}, which it depends on, is cancelled."
+    assert [status(job) for job in jobs] == [JobStatus.CANCELLED, JobStatus.CANCELLED]
+
+
 def test_the_jobs_returned_are_the_rows_written():
     failed = enqueue("tests.noop")
     finish(failed, JobStatus.FAILED)

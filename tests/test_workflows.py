@@ -6,10 +6,13 @@ from __future__ import annotations
 import pytest
 from django.db import transaction
 
-from django_pgqueue import InvalidJobError, Step, batch, chain, chord, group
-from django_pgqueue.models import Job, JobDependency, JobStatus
+from django_pgqueue import InvalidJobError, Step, batch, chain, chord, enqueue_many, group
+from django_pgqueue.inserts import COPY_PART_ROWS
+from django_pgqueue.models import Job, JobDependency, JobStatus, JobWait
 from django_pgqueue.registry import find_definition
 from django_pgqueue.worker import Worker
+from django_pgqueue.workflows import insert as workflow_insert
+from django_pgqueue.workflows import plan as workflow_plan
 
 pytestmark = pytest.mark.django_db
 
@@ -250,3 +253,51 @@ class TestBatch:
 
         assert job.status == JobStatus.CANCELLED
         assert job.last_error.startswith("Not run: it runs only after a failure")
+
+
+class TestLargeWorkflows:
+    """Workflows of more than one part (``COPY_PART_ROWS`` steps) are validated and sent
+    part by part: written whole, in order, or not at all."""
+
+    def test_a_chord_of_several_parts_is_written_whole_in_order(self):
+        members = 2 * COPY_PART_ROWS + 500
+
+        workflow = chord([add(n) for n in range(members)], add(members)).enqueue()
+
+        jobs = list(Job.objects.filter(workflow_id=workflow.id).order_by("created_at"))
+        assert [job.id for job in jobs] == [job.id for job in workflow.jobs]
+        assert [job.data["n"] for job in jobs] == list(range(members + 1))
+        assert {job.status for job in jobs[:-1]} == {JobStatus.PENDING}
+        callback = jobs[-1]
+        assert callback.status == JobStatus.WAITING
+        assert JobWait.objects.get(job=callback).unresolved == members
+        assert JobDependency.objects.filter(job=callback).count() == members
+
+    def test_a_bad_step_late_in_a_large_workflow_writes_nothing(self):
+        steps = [add(n) for n in range(COPY_PART_ROWS + 500)]
+
+        with transaction.atomic():
+            kept = Job.objects.create(job_type="tests.noop")
+            with pytest.raises(InvalidJobError) as raised:
+                chord([*steps, Step("tests.nobody")], add(0)).enqueue()
+            assert Job.objects.count() == 1  # the caller's transaction goes on
+
+        assert raised.value.field == f"specs[{COPY_PART_ROWS + 500}].job_type"
+        assert list(Job.objects.all()) == [kept]
+        assert not JobDependency.objects.exists()
+        assert not JobWait.objects.exists()
+
+    @pytest.mark.parametrize("form", ["chord", "enqueue_many"])
+    def test_a_workflow_over_the_size_limit_writes_nothing(self, form, monkeypatch):
+        monkeypatch.setattr(workflow_insert, "MAX_WORKFLOW_JOBS", 10)
+        monkeypatch.setattr(workflow_plan, "MAX_WORKFLOW_JOBS", 10)
+
+        with pytest.raises(InvalidJobError, match="jobs with dependencies in one call") as raised:
+            if form == "chord":
+                chord([add(n) for n in range(10)], add(10)).enqueue()
+            else:
+                specs = [{"job_type": "tests.noop"} for _ in range(10)]
+                enqueue_many([*specs, {"job_type": "tests.noop", "depends_on": list(range(10))}])
+
+        assert raised.value.field == "specs"
+        assert not Job.objects.exists()

@@ -21,7 +21,7 @@ from ..inserts import collector_paused
 from ..jobrows import prepared_rows
 from ..options import ENQUEUE_KEYS, EnqueueOptions, Step, check_keys
 from ..schema import OnDependencyFailure
-from .insert import enqueue_graph
+from .insert import enqueue_graph, enqueue_ordered_graph
 
 if TYPE_CHECKING:
     from ..models import Job
@@ -84,10 +84,15 @@ class _Form:
                 )
         specs: list[dict[str, Any]] = []
         assert isinstance(self, (Chain, Group, Batch))
+        alias = conf.jobs_database(using)
         with collector_paused():  # several objects per step, no cycles (inserts.py)
             _compile(self, [], specs, dict(options))
-            rows = list(prepared_rows(specs))
-            jobs = enqueue_graph(rows, conf.jobs_database(using), _field)
+            if _internal_only(specs):
+                # Compiled in order: every step waits for earlier ones only, so the steps
+                # are validated and sent in parts, the server inserting as they come.
+                jobs = enqueue_ordered_graph(prepared_rows(specs), alias, _field)
+            else:
+                jobs = enqueue_graph(list(prepared_rows(specs)), alias, _field)
         workflow_id = jobs[0].workflow_id
         assert workflow_id is not None
         return Workflow(workflow_id, jobs)
@@ -289,6 +294,15 @@ def _compile(
             last = _compile(step, last, specs, defaults)
         return last
     return [index for member in node.members for index in _compile(member, after, specs, defaults)]
+
+
+def _internal_only(specs: list[dict[str, Any]]) -> bool:
+    """Whether the specs depend on each other only, by index (no job of the database)."""
+    return all(
+        isinstance(item, int) and not isinstance(item, bool)
+        for spec in specs
+        for item in spec.get("depends_on", ())
+    )
 
 
 def _spec(step: Step, defaults: dict[str, Any]) -> dict[str, Any]:

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import itertools
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
 
 from .. import conf
-from ..due import DUE
 from ..exceptions import InvalidJobError
 from ..inserts import (
     COLUMNS,
@@ -28,13 +27,14 @@ from ..inserts import (
     built,
     collector_paused,
     copy_line,
+    notify_copied,
     run_at_of,
     send_enqueued,
     settle_held,
 )
 from ..jobrows import JobRow, new_job_id
 from ..schema import JobStatus
-from .plan import Step, internal_order, plan_steps
+from .plan import MAX_WORKFLOW_JOBS, Step, internal_order, plan_step, plan_steps
 
 if TYPE_CHECKING:
     from ..models import Job
@@ -55,10 +55,6 @@ _COPY_JOBS = (
 )
 _COPY_EDGES = "COPY pgqueue_job_dependencies (job_id, dependency_id, on_failure) FROM STDIN"
 _COPY_WAITS = "COPY pgqueue_job_waits (job_id, unresolved, cancelled_by_id) FROM STDIN"
-_NOTIFY_DUE = f"""
-SELECT count(pg_notify(%s, queue))
-  FROM (SELECT DISTINCT queue FROM pgqueue_jobs WHERE id = ANY(%s) AND {DUE}) AS due
-"""
 _ONE_MICROSECOND = timedelta(microseconds=1)
 
 
@@ -66,12 +62,7 @@ def enqueue_graph(rows: list[JobRow], alias: str, field_of: Callable[[int], str]
     """Insert ``rows`` (validated, some with ``depends_on``) as one workflow; return
     their jobs in order. ``field_of(i)``: how errors name row ``i``'s ``depends_on``."""
     for index, row in enumerate(rows):
-        if row.unique_key is not None:
-            raise InvalidJobError(
-                field_of(index).replace("depends_on", "unique_key"),
-                "jobs enqueued with dependencies among them cannot have unique keys",
-            )
-        _check_databases(row, alias, field_of(index))
+        _check_row(row, index, alias, field_of)
     order = internal_order(rows, field_of)
     with (
         transaction.atomic(using=alias),
@@ -99,30 +90,122 @@ def enqueue_graph(rows: list[JobRow], alias: str, field_of: Callable[[int], str]
         if existing_ids:
             cursor.execute(_JOIN_WORKFLOW, [workflow_id, existing_ids])
         steps = plan_steps(rows, order, existing)
-        pending = [
-            row._replace(held=row.held and step.status == JobStatus.PENDING.value)
-            for row, step in zip(rows, steps, strict=True)
-        ]
-        cursor.execute(_NOW)
-        clock, now = cursor.fetchone()
-        times = [
-            (clock + index * _ONE_MICROSECOND, run_at_of(row, now))
-            for index, row in enumerate(pending)
-        ]
-        values = [_step_values(step, workflow_id, now) for step in steps]
-        with connections[alias].wrap_database_errors:
-            jobs = _send(cursor, pending, steps, times, values, now, alias)
-        settle_held(jobs, pending, alias)
-        settings = conf.get_settings()
-        due_ids = [
-            row.id
-            for row, step in zip(rows, steps, strict=True)
-            if step.status == JobStatus.PENDING.value
-        ]
-        if settings.NOTIFY and due_ids:
-            cursor.execute(_NOTIFY_DUE, [settings.NOTIFY_CHANNEL, due_ids])
+        planned = _Planned(cursor, workflow_id)
+        for row, step in zip(rows, steps, strict=True):
+            planned.add(row, step)
+        parts = (
+            range(i, min(i + COPY_PART_ROWS, len(rows)))
+            for i in range(0, len(rows), COPY_PART_ROWS)
+        )
+        jobs = planned.send(parts, alias)
     send_enqueued(jobs)
     return jobs
+
+
+def enqueue_ordered_graph(
+    rows: Iterable[JobRow], alias: str, field_of: Callable[[int], str]
+) -> list[Job]:
+    """``enqueue_graph`` for rows that depend only on rows before them, by index (the
+    specs a chain, group or chord compiles to): each part of ``COPY_PART_ROWS`` rows is
+    validated (as ``rows`` is consumed), planned and sent while the server inserts the
+    part before, as ``enqueue_many`` streams plain jobs. An invalid row rolls back what
+    was sent; the error names it."""
+    source = iter(rows)
+    with (
+        transaction.atomic(using=alias),
+        collector_paused(),
+        connections[alias].cursor() as cursor,
+    ):
+        planned = _Planned(cursor, new_job_id())
+
+        def parts() -> Iterator[range]:
+            while part := list(itertools.islice(source, COPY_PART_ROWS)):
+                start = len(planned.rows)
+                for row in part:
+                    index = len(planned.rows)
+                    _check_row(row, index, alias, field_of)
+                    _check_earlier(row, index, field_of)
+                    planned.add(row, plan_step(planned.rows, planned.steps, row, {}))
+                yield range(start, len(planned.rows))
+
+        jobs = planned.send(parts(), alias)
+    send_enqueued(jobs)
+    return jobs
+
+
+def _check_row(row: JobRow, index: int, alias: str, field_of: Callable[[int], str]) -> None:
+    if index >= MAX_WORKFLOW_JOBS:
+        raise InvalidJobError(
+            "specs", f"more than {MAX_WORKFLOW_JOBS:,} jobs with dependencies in one call"
+        )
+    if row.unique_key is not None:
+        raise InvalidJobError(
+            field_of(index).replace("depends_on", "unique_key"),
+            "jobs enqueued with dependencies among them cannot have unique keys",
+        )
+    _check_databases(row, alias, field_of(index))
+
+
+def _check_earlier(row: JobRow, index: int, field_of: Callable[[int], str]) -> None:
+    """``enqueue_ordered_graph``'s promise: ``row`` depends on earlier rows only."""
+    for position, item in enumerate(row.depends_on or ()):
+        if not isinstance(item.target, int) or not 0 <= item.target < index:
+            raise InvalidJobError(
+                f"{field_of(index)}[{position}]",
+                f"must name an earlier spec of the call, got {item.target!r}",
+            )
+
+
+class _Planned:
+    """The rows of one call as they will be written: each with its step, times and
+    workflow columns, appended in order; ``send`` writes them."""
+
+    def __init__(self, cursor: Any, workflow_id: uuid.UUID) -> None:
+        self.cursor = cursor
+        self.workflow_id = workflow_id
+        cursor.execute(_NOW)
+        self.clock, self.now = cursor.fetchone()
+        #: The rows as inserted: a held row that does not start pending is not held.
+        self.rows: list[JobRow] = []
+        self.steps: list[Step] = []
+        self.times: list[tuple[datetime, datetime]] = []
+        self.values: list[dict[str, Any]] = []
+
+    def add(self, row: JobRow, step: Step) -> None:
+        if row.held and step.status != JobStatus.PENDING.value:
+            row = row._replace(held=False)
+        self.times.append(
+            (self.clock + len(self.rows) * _ONE_MICROSECOND, run_at_of(row, self.now))
+        )
+        self.rows.append(row)
+        self.steps.append(step)
+        self.values.append(_step_values(step, self.workflow_id, self.now))
+
+    def send(self, parts: Iterable[range], alias: str) -> list[Job]:
+        """Write the rows of each of ``parts`` (ranges of indexes, each filled in by the
+        time it is reached), then the edges and counters; release held keys and notify
+        the queues of the jobs due. Returns the jobs."""
+        with connections[alias].wrap_database_errors:
+            jobs = _send(
+                self.cursor, parts, self.rows, self.steps, self.times, self.values, self.now, alias
+            )
+        settle_held(jobs, self.rows, alias)
+        settings = conf.get_settings()
+        if settings.NOTIFY:
+            started = [
+                (row, times)
+                for row, times, step in zip(self.rows, self.times, self.steps, strict=True)
+                if step.status == JobStatus.PENDING.value
+            ]
+            notify_copied(
+                self.cursor,
+                connections[alias],
+                [row for row, _ in started],
+                [times for _, times in started],
+                self.now,
+                settings.NOTIFY_CHANNEL,
+            )
+        return jobs
 
 
 def _check_databases(row: JobRow, alias: str, field: str) -> None:
@@ -175,6 +258,7 @@ def _step_values(step: Step, workflow_id: uuid.UUID, now: datetime) -> dict[str,
 
 def _send(
     cursor: Any,
+    parts: Iterable[range],
     rows: Sequence[JobRow],
     steps: Sequence[Step],
     times: Sequence[tuple[datetime, datetime]],
@@ -185,25 +269,24 @@ def _send(
     """Send the jobs, their edges and their counters with ``COPY`` in its text format;
     return the jobs, built while the server inserts the edges.
 
-    ``times``: each job's ``created_at`` (the clock read before, plus a microsecond a
-    job: claim order is the order given) and ``run_at``; ``values``: its workflow
-    columns (``_step_values``). A job's line is a plain insert's (``copy_line``) and
-    its workflow columns; ids go as 32 hex digits, as there. The jobs go in parts of
-    ``COPY_PART_ROWS``, and each part's insert overlaps the formatting of the next: the
-    server inserts while Python formats, as in ``enqueue_many``.
+    ``parts``: ranges of indexes of the jobs, each sent as one write as soon as it is
+    reached (the lists may grow until then), so the server inserts one part while the
+    next is prepared. ``times``: each job's ``created_at`` (the clock read before, plus a
+    microsecond a job: claim order is the order given) and ``run_at``; ``values``: its
+    workflow columns (``_step_values``). A job's line is a plain insert's
+    (``copy_line``) and its workflow columns; ids go as 32 hex digits, as there.
     """
     raw = cursor.cursor  # psycopg's cursor, for COPY
     now_text = now.isoformat()
     with raw.copy(_COPY_JOBS) as copy:
-        for start in range(0, len(rows), COPY_PART_ROWS):
-            end = start + COPY_PART_ROWS
+        for part in parts:
             copy.write(
                 "".join(
                     map(
                         _job_line,
-                        rows[start:end],
-                        times[start:end],
-                        values[start:end],
+                        rows[part.start : part.stop],
+                        times[part.start : part.stop],
+                        values[part.start : part.stop],
                         itertools.repeat(now_text),
                     )
                 )

@@ -98,33 +98,47 @@ def plan_steps(
     of the database the rows depend on."""
     steps = [Step() for _ in rows]
     for index in order:
-        row, step = rows[index], steps[index]
-        only_after_failure = failure_came = False
-        for item in row.depends_on or ():
-            policy = item.on_failure or row.on_dependency_failure
-            if isinstance(item.target, int):
-                dependency_id = rows[item.target].id
-                dependency = steps[item.target]
-                status, root = dependency.status, dependency.root
-            else:
-                dependency_id, status, root = item.target, existing[item.target], None
-            step.edges.append(Edge(row.id, dependency_id, policy))
-            if policy == OnDependencyFailure.RUN_ONLY:
-                only_after_failure = True
-                failure_came = failure_came or status in _FAILED
-            if edge_resolved(policy, status):
-                continue
-            step.unresolved += 1
-            if status in _FAILED and step.cancelled_by is None:
-                step.cancelled_by, step.root = dependency_id, root or dependency_id
-                step.reason = _reason(dependency_id, step.root, existing[step.root])
-        if step.cancelled_by is not None:
-            step.status = JobStatus.CANCELLED.value
-        elif step.unresolved:
-            step.status = JobStatus.WAITING.value
-        elif only_after_failure and not failure_came:
-            step.status, step.reason = JobStatus.CANCELLED.value, NOT_NEEDED
+        steps[index] = plan_step(rows, steps, rows[index], existing)
     return steps
+
+
+def plan_step(
+    rows: Sequence[JobRow],
+    steps: Sequence[Step],
+    row: JobRow,
+    existing: Mapping[uuid.UUID, str],
+) -> Step:
+    """``row``'s first status, counter and edges, once the steps of the rows it depends
+    on (by index into ``rows`` and ``steps``) are planned."""
+    step = Step()
+    only_after_failure = failure_came = False
+    for item in row.depends_on or ():
+        policy = item.on_failure or row.on_dependency_failure
+        if isinstance(item.target, int):
+            dependency_id = rows[item.target].id
+            dependency = steps[item.target]
+            status, root = dependency.status, dependency.root
+        else:
+            dependency_id, status, root = item.target, existing[item.target], None
+        step.edges.append(Edge(row.id, dependency_id, policy))
+        if policy == OnDependencyFailure.RUN_ONLY:
+            only_after_failure = True
+            failure_came = failure_came or status in _FAILED
+        if edge_resolved(policy, status):
+            continue
+        step.unresolved += 1
+        if status in _FAILED and step.cancelled_by is None:
+            step.cancelled_by, step.root = dependency_id, root or dependency_id
+            # The root is a job of the database, or this dependency: a job of the call
+            # cancelled at birth as not needed.
+            step.reason = _reason(dependency_id, step.root, existing.get(step.root, status))
+    if step.cancelled_by is not None:
+        step.status = JobStatus.CANCELLED.value
+    elif step.unresolved:
+        step.status = JobStatus.WAITING.value
+    elif only_after_failure and not failure_came:
+        step.status, step.reason = JobStatus.CANCELLED.value, NOT_NEEDED
+    return step
 
 
 def _reason(cause: uuid.UUID, root: uuid.UUID, root_status: str) -> str:
