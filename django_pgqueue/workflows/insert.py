@@ -169,7 +169,11 @@ class _Planned:
         self.rows: list[JobRow] = []
         self.steps: list[Step] = []
         self.times: list[tuple[datetime, datetime]] = []
+        #: Each row's workflow columns (``_step_values``) and the end of its COPY line
+        #: with them: one of each, shared, for all rows that start alike.
         self.values: list[dict[str, Any]] = []
+        self.suffixes: list[str] = []
+        self._shared: dict[tuple[str, str], tuple[dict[str, Any], str]] = {}
 
     def add(self, row: JobRow, step: Step) -> None:
         if row.held and step.status != JobStatus.PENDING.value:
@@ -179,16 +183,19 @@ class _Planned:
         )
         self.rows.append(row)
         self.steps.append(step)
-        self.values.append(_step_values(step, self.workflow_id, self.now))
+        start = self._shared.get((step.status, step.reason))
+        if start is None:
+            values = _step_values(step, self.workflow_id, self.now)
+            start = self._shared[(step.status, step.reason)] = (values, _line_end(values))
+        self.values.append(start[0])
+        self.suffixes.append(start[1])
 
     def send(self, parts: Iterable[range], alias: str) -> list[Job]:
         """Write the rows of each of ``parts`` (ranges of indexes, each filled in by the
         time it is reached), then the edges and counters; release held keys and notify
         the queues of the jobs due. Returns the jobs."""
         with connections[alias].wrap_database_errors:
-            jobs = _send(
-                self.cursor, parts, self.rows, self.steps, self.times, self.values, self.now, alias
-            )
+            jobs = _send(self, parts, alias)
         settle_held(jobs, self.rows, alias)
         settings = conf.get_settings()
         if settings.NOTIFY:
@@ -256,38 +263,30 @@ def _step_values(step: Step, workflow_id: uuid.UUID, now: datetime) -> dict[str,
     }
 
 
-def _send(
-    cursor: Any,
-    parts: Iterable[range],
-    rows: Sequence[JobRow],
-    steps: Sequence[Step],
-    times: Sequence[tuple[datetime, datetime]],
-    values: Sequence[dict[str, Any]],
-    now: datetime,
-    alias: str,
-) -> list[Job]:
+def _send(planned: _Planned, parts: Iterable[range], alias: str) -> list[Job]:
     """Send the jobs, their edges and their counters with ``COPY`` in its text format;
     return the jobs, built while the server inserts the edges.
 
-    ``parts``: ranges of indexes of the jobs, each sent as one write as soon as it is
-    reached (the lists may grow until then), so the server inserts one part while the
-    next is prepared. ``times``: each job's ``created_at`` (the clock read before, plus a
-    microsecond a job: claim order is the order given) and ``run_at``; ``values``: its
-    workflow columns (``_step_values``). A job's line is a plain insert's
+    ``parts``: ranges of indexes of ``planned.rows``, each sent as one write as soon as
+    it is reached (the lists may grow until then), so the server inserts one part while
+    the next is prepared. A job's ``created_at`` is the clock read before, plus a
+    microsecond a job (claim order is the order given); its line is a plain insert's
     (``copy_line``) and its workflow columns; ids go as 32 hex digits, as there.
     """
-    raw = cursor.cursor  # psycopg's cursor, for COPY
-    now_text = now.isoformat()
+    raw = planned.cursor.cursor  # psycopg's cursor, for COPY
+    rows, steps, times = planned.rows, planned.steps, planned.times
+    now_text = planned.now.isoformat()
     with raw.copy(_COPY_JOBS) as copy:
         for part in parts:
+            start, stop = part.start, part.stop
             copy.write(
                 "".join(
-                    map(
-                        _job_line,
-                        rows[part.start : part.stop],
-                        times[part.start : part.stop],
-                        values[part.start : part.stop],
-                        itertools.repeat(now_text),
+                    f"{copy_line(row, row_times, now_text)[:-1]}{suffix}"
+                    for row, row_times, suffix in zip(
+                        rows[start:stop],
+                        times[start:stop],
+                        planned.suffixes[start:stop],
+                        strict=True,
                     )
                 )
             )
@@ -303,20 +302,17 @@ def _send(
             for row, step in zip(rows, steps, strict=True)
             if step.unresolved
         )
-        jobs = built(rows, times, alias, values)
+        jobs = built(rows, times, alias, planned.values)
     with raw.copy(_COPY_WAITS) as copy:
         copy.write(waits)
     return jobs
 
 
-def _job_line(
-    row: JobRow, times: tuple[datetime, datetime], more: dict[str, Any], now_text: str
-) -> str:
-    """``row``'s line of ``_COPY_JOBS``: a plain insert's, then its workflow columns."""
+def _line_end(values: dict[str, Any]) -> str:
+    """The end of a job's line of ``_COPY_JOBS``: its workflow columns (``_step_values``)."""
     return (
-        f"{copy_line(row, times, now_text)[:-1]}\t{more['status']}\t"
-        f"{more['workflow_id'].int:032x}\t{more['last_error'].translate(COPY_ESCAPES)}"
-        f"\t{_timestamp(more['completed_at'])}\n"
+        f"\t{values['status']}\t{values['workflow_id'].int:032x}\t"
+        f"{values['last_error'].translate(COPY_ESCAPES)}\t{_timestamp(values['completed_at'])}\n"
     )
 
 
