@@ -270,34 +270,33 @@ SYSTEMS = [
             "default 1 s).",
         ),
     ),
-    SystemSpec(
-        "celery",
-        "Celery on Redis (no persistence)",
-        "bench.systems.harness_celery",
-        ("celery[redis]==5.7.0",),
-        "celery",
-        CELERY_LAYOUTS,
-        unsupported=CELERY_UNSUPPORTED,
-        notes=(
-            *CELERY_NOTES,
-            'Redis as most teams run it: `--appendonly no --save ""`, so a crash of '
-            "Redis loses every queued task.",
-        ),
-        redis=redis_server.VOLATILE,
-    ),
-    SystemSpec(
-        "celery-durable",
-        "Celery on Redis (appendfsync always)",
-        "bench.systems.harness_celery",
-        ("celery[redis]==5.7.0",),
-        "celery",
-        CELERY_LAYOUTS,
-        unsupported=CELERY_UNSUPPORTED,
-        notes=(
-            *CELERY_NOTES,
-            "Redis durable as a PostgreSQL commit: `--appendonly yes --appendfsync always`.",
-        ),
-        redis=redis_server.DURABLE,
+    *(
+        SystemSpec(
+            name,
+            f"Celery on Redis ({how})",
+            "bench.systems.harness_celery",
+            ("celery[redis]==5.7.0",),
+            "celery",
+            CELERY_LAYOUTS,
+            unsupported=CELERY_UNSUPPORTED,
+            notes=(*CELERY_NOTES, note),
+            redis=settings,
+        )
+        for name, how, settings, note in (
+            (
+                "celery",
+                "no persistence",
+                redis_server.VOLATILE,
+                'Redis as most teams run it: `--appendonly no --save ""`, so a crash of '
+                "Redis loses every queued task.",
+            ),
+            (
+                "celery-durable",
+                "appendfsync always",
+                redis_server.DURABLE,
+                "Redis durable as a PostgreSQL commit: `--appendonly yes --appendfsync always`.",
+            ),
+        )
     ),
 ]
 PEER_EXTRA_LAYOUT = {"2x2": "2 processes x concurrency 2"}
