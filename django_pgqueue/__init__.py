@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import exceptions
 from .backoff import Backoff
-from .enqueue import enqueue, enqueue_many
+from .enqueue import aenqueue, aenqueue_many, enqueue, enqueue_many
 from .exceptions import (
     DuplicateJobError,
     FailJob,
@@ -44,6 +44,8 @@ __all__ = [
     "Snooze",
     "Step",
     "Workflow",
+    "aenqueue",
+    "aenqueue_many",
     "batch",
     "chain",
     "chord",

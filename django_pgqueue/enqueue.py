@@ -13,6 +13,7 @@ import itertools
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Unpack, get_args
 
+from asgiref.sync import sync_to_async
 from django.db import connections, transaction
 
 from . import conf, reused_cursor
@@ -38,7 +39,7 @@ from .workflows.insert import enqueue_graph
 if TYPE_CHECKING:
     from .models import Job
 
-__all__ = ["enqueue", "enqueue_many"]
+__all__ = ["aenqueue", "aenqueue_many", "enqueue", "enqueue_many"]
 
 
 def _depends_on_field(index: int) -> str:
@@ -265,3 +266,45 @@ def enqueue_many(
         with transaction.atomic(using=alias):
             return enqueue_many_unique(rows, on_duplicate, alias)
     return enqueue_many_unique(rows, on_duplicate, alias)
+
+
+async def aenqueue(
+    job_type: str,
+    data: dict[str, Any] | None = None,
+    *,
+    on_duplicate: OnDuplicate = "return",
+    using: str | None = None,
+    **options: Unpack[EnqueueOptions],
+) -> Job:
+    """[`enqueue()`][django_pgqueue.enqueue.enqueue] for async code: the same arguments,
+    errors and result.
+
+    ```python
+    async def signup(request):
+        user = await User.objects.acreate(email=email)
+        await aenqueue("accounts.send_welcome", {"user_id": user.pk})
+    ```
+
+    The insert runs in Django's thread for sync code (``sync_to_async`` with
+    ``thread_sensitive=True``), on the connection that thread uses, as Django's own async
+    ORM methods do: in autocommit, the job is committed when the ``await`` returns. To
+    enqueue in one transaction with other writes, put them and ``enqueue()`` in one sync
+    function under ``transaction.atomic`` and await it through ``sync_to_async`` (Django's
+    transactions do not span ``await``).
+    """
+    insert = sync_to_async(enqueue, thread_sensitive=True)
+    return await insert(job_type, data, on_duplicate=on_duplicate, using=using, **options)
+
+
+async def aenqueue_many(
+    specs: Iterable[JobSpec | Mapping[str, Any]],
+    *,
+    on_duplicate: OnDuplicate = "return",
+    using: str | None = None,
+) -> list[Job]:
+    """[`enqueue_many()`][django_pgqueue.enqueue.enqueue_many] for async code, as
+    [`aenqueue()`][django_pgqueue.enqueue.aenqueue] is ``enqueue()``'s: all the jobs or
+    none, inserted in Django's thread for sync code. ``specs`` is consumed there: give a
+    list, or a generator that does not await."""
+    insert = sync_to_async(enqueue_many, thread_sensitive=True)
+    return await insert(specs, on_duplicate=on_duplicate, using=using)
