@@ -11,7 +11,6 @@ from django_pgqueue.inserts import COPY_PART_ROWS
 from django_pgqueue.models import Job, JobDependency, JobStatus, JobWait
 from django_pgqueue.registry import find_definition
 from django_pgqueue.worker import Worker
-from django_pgqueue.workflows import insert as workflow_insert
 from django_pgqueue.workflows import plan as workflow_plan
 
 pytestmark = pytest.mark.django_db
@@ -289,7 +288,6 @@ class TestLargeWorkflows:
 
     @pytest.mark.parametrize("form", ["chord", "enqueue_many"])
     def test_a_workflow_over_the_size_limit_writes_nothing(self, form, monkeypatch):
-        monkeypatch.setattr(workflow_insert, "MAX_WORKFLOW_JOBS", 10)
         monkeypatch.setattr(workflow_plan, "MAX_WORKFLOW_JOBS", 10)
 
         with pytest.raises(InvalidJobError, match="jobs with dependencies in one call") as raised:

@@ -34,7 +34,7 @@ from ..inserts import (
 )
 from ..jobrows import JobRow, new_job_id
 from ..schema import JobStatus
-from .plan import MAX_WORKFLOW_JOBS, Step, internal_order, plan_step, plan_steps
+from .plan import Step, check_size, internal_order, plan_step, plan_steps
 
 if TYPE_CHECKING:
     from ..models import Job
@@ -134,10 +134,7 @@ def enqueue_ordered_graph(
 
 
 def _check_row(row: JobRow, index: int, alias: str, field_of: Callable[[int], str]) -> None:
-    if index >= MAX_WORKFLOW_JOBS:
-        raise InvalidJobError(
-            "specs", f"more than {MAX_WORKFLOW_JOBS:,} jobs with dependencies in one call"
-        )
+    check_size(index)
     if row.unique_key is not None:
         raise InvalidJobError(
             field_of(index).replace("depends_on", "unique_key"),

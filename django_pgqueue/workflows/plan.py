@@ -52,6 +52,14 @@ class Step:
     edges: list[Edge] = field(default_factory=list)
 
 
+def check_size(index: int) -> None:
+    """``InvalidJobError`` if the job at ``index`` of a call is past ``MAX_WORKFLOW_JOBS``."""
+    if index >= MAX_WORKFLOW_JOBS:
+        raise InvalidJobError(
+            "specs", f"more than {MAX_WORKFLOW_JOBS:,} jobs with dependencies in one call"
+        )
+
+
 def internal_order(rows: Sequence[JobRow], field_of: Callable[[int], str]) -> list[int]:
     """The indexes of ``rows``, each after the rows of the call it depends on.
 
@@ -59,10 +67,6 @@ def internal_order(rows: Sequence[JobRow], field_of: Callable[[int], str]) -> li
     form no cycle; ``InvalidJobError`` naming the row otherwise.
     """
     count = len(rows)
-    if count > MAX_WORKFLOW_JOBS:
-        raise InvalidJobError(
-            "specs", f"{count:,} jobs with dependencies in one call; at most {MAX_WORKFLOW_JOBS:,}"
-        )
     dependents: list[list[int]] = [[] for _ in rows]
     waiting_for = [0] * count
     for index, row in enumerate(rows):
