@@ -217,7 +217,7 @@ def check_unique_windows(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
 
 @register(Tags.compatibility)
 def check_handlers(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """Every registered handler is one a worker can run (not async, not a generator, and
+    """Every registered handler is one a worker can run (not a generator, and
     taking the job), also when it was swapped after ``@job`` checked it."""
     from . import registry
 

@@ -48,6 +48,8 @@ class PgQueueSettings:
     SHUTDOWN_GRACE: float = 30.0
     #: Most claimed jobs a worker holds beyond its running ones, for fast jobs (0: none).
     PREFETCH: int = 100
+    #: Most async handlers a worker runs at once on its event loop (0: none).
+    ASYNC_CONCURRENCY: int = 100
     RETRY_BACKOFF_BASE: float = 5.0
     RETRY_BACKOFF_MAX: float = 3600.0
     #: Most times a job may snooze (``raise Snooze(...)``); once more fails it (0: never).
@@ -193,6 +195,11 @@ def _validate(raw: dict[str, Any]) -> PgQueueSettings:
         raise SettingsError("PGQUEUE['MAX_PAYLOAD_BYTES'] must be at least 2 (the size of {})")
     if not 0 <= result.PREFETCH <= 10000:
         raise SettingsError("PGQUEUE['PREFETCH'] must be between 0 and 10000 (0: no prefetch)")
+    if not 0 <= result.ASYNC_CONCURRENCY <= 10000:
+        raise SettingsError(
+            "PGQUEUE['ASYNC_CONCURRENCY'] must be between 0 and 10000 (0: no async handlers), "
+            f"got {result.ASYNC_CONCURRENCY}"
+        )
 
     try:
         validation.queue(result.DEFAULT_QUEUE, "PGQUEUE['DEFAULT_QUEUE']")

@@ -158,7 +158,9 @@ class JobOptions(JobDefaults, total=False):
     """When ``True`` (the default) the handler runs inside ``transaction.atomic`` on the
     worker's database (``PGQUEUE["DATABASE"]`` unless the worker was given another): its
     writes are committed only if it returns. ``False``: it runs in autocommit mode and
-    manages transactions itself."""
+    manages transactions itself. An ``async def`` handler always runs outside a
+    transaction (its default is ``False``, and ``True`` is refused): see
+    [Run async handlers](../how-to/async-handlers.md#transactions)."""
     unique_key: UniqueKey | None
     """The default ``unique_key`` of ``enqueue()`` for this type: a string (at most one
     active job of the type, when every enqueue uses it), or a callable that receives the

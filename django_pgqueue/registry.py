@@ -53,7 +53,10 @@ class JobDefinition:
         max_attempts: The default given to ``@job``, or ``None``.
         timeout: The timeout in seconds (a ``float``), or ``None``.
         retry_backoff: As given to ``@job``, or ``None``.
-        atomic: As given to ``@job``.
+        atomic: Whether the worker runs the handler in a transaction (``False`` for an
+            async handler).
+        is_async: Whether the handler is an ``async def`` function, which workers run on
+            their event loop.
         unique_key: As given to ``@job`` (a string or a callable), or ``None``.
         unique_for: The window in seconds (a ``float``), or ``None``.
         schedule: As given to ``@job`` (normalised), or ``None``.
@@ -90,6 +93,8 @@ class JobDefinition:
         self.timeout = timeout
         self.retry_backoff = retry_backoff
         self.atomic = atomic
+        #: Whether the handler is an ``async def`` function, run on the worker's event loop.
+        self.is_async = is_async_handler(func)
         #: Default ``unique_key`` of ``enqueue`` for this type (a string or a callable).
         self.unique_key = unique_key
         #: Default ``unique_for`` of ``enqueue`` for this type, in seconds.
@@ -184,22 +189,26 @@ def register_resolver(prefix: str, resolver: Resolver) -> None:
         _resolvers[prefix] = resolver
 
 
+def is_async_handler(func: Callable[..., Any]) -> bool:
+    """Whether ``func`` is an ``async def`` function (or an instance whose ``__call__``
+    is one): workers run such handlers on their event loop, not in a thread."""
+    if iscoroutinefunction(func):
+        return True
+    plain = inspect.isroutine(func) or isinstance(func, functools.partial) or not callable(func)
+    return not plain and iscoroutinefunction(type(func).__call__)
+
+
 def why_it_cannot_run(func: Callable[..., Any]) -> str | None:
     """Why a worker could not run ``func`` as a handler, or ``None`` when it can.
 
-    An ``async def`` function or a generator function returns without running its body:
-    a worker would record the job completed although nothing ran. A handler must also
-    take the job as its one positional argument.
+    A generator function (sync or async) returns without running its body: a worker
+    would record the job completed although nothing ran. A handler must also take the
+    job as its one positional argument. An ``async def`` handler can run: workers run it
+    on their event loop (``is_async_handler``).
     """
     plain = inspect.isroutine(func) or isinstance(func, functools.partial)
     # A callable instance runs its class's __call__.
     target = func if plain or not callable(func) else type(func).__call__
-    if iscoroutinefunction(func) or iscoroutinefunction(target):
-        return (
-            "is an async function, and workers run handlers synchronously: its body would "
-            "never run. Define it with def, e.g. calling your coroutine through "
-            "asgiref.sync.async_to_sync(...)(...)"
-        )
     if inspect.isasyncgenfunction(target) or inspect.isgeneratorfunction(target):
         return (
             "is a generator function: calling it runs none of its body. Use return instead of yield"
@@ -353,7 +362,8 @@ def job(
             queued jobs.
         **options: The keys of [`JobOptions`][django_pgqueue.options.JobOptions]:
             ``queue``, ``priority``, ``max_attempts`` (defaults of the type's enqueues),
-            ``timeout``, ``retry_backoff``, ``atomic`` (default ``True``),
+            ``timeout``, ``retry_backoff``, ``atomic`` (default ``True``; an
+            ``async def`` handler runs outside a transaction and refuses ``True``),
             ``unique_key``, ``unique_for``, ``schedule``, ``concurrency``,
             ``concurrency_key``, ``rate_limit``, ``rate_key``. An undeclared keyword raises
             ``TypeError``.
@@ -373,9 +383,10 @@ def job(
             callable, when ``concurrency`` is invalid, when ``concurrency_key`` or
             ``rate_key`` is neither a payload path nor a callable or comes without its
             limit, when both are given and differ, when
-            the decorated object is not callable or a worker could not run it (an
-            ``async def`` or generator function, or one that does not take the job as
-            its one positional argument), or when
+            the decorated object is not callable or a worker could not run it (a
+            generator function, or one that does not take the job as its one
+            positional argument), when ``atomic=True`` is given to an ``async def``
+            handler, or when
             the job type is already registered to a different function
             (registering the same function again, as a module reload does, is allowed),
             or starts with ``task:``, the prefix reserved for
@@ -387,7 +398,7 @@ def job(
     max_attempts = options.get("max_attempts")
     timeout = options.get("timeout")
     retry_backoff = options.get("retry_backoff")
-    atomic = options.get("atomic", True)
+    atomic = options.get("atomic")
     unique_key = options.get("unique_key")
     unique_for = options.get("unique_for")
     schedule = options.get("schedule")
@@ -445,6 +456,14 @@ def job(
             raise JobRegistrationError(f"@job must decorate a function, got {func!r}")
         name = job_type or f"{func.__module__}.{func.__qualname__}"
         validation.job_type(name)
+        if atomic and is_async_handler(func):
+            raise JobRegistrationError(
+                f"job type {name!r}: atomic=True cannot apply to an async handler, "
+                "because a Django transaction belongs to one thread and an async "
+                "handler's queries run on others. Drop atomic, and put the writes that "
+                "must commit together in a sync function decorated with "
+                "@transaction.atomic, called with await sync_to_async(function)(...)"
+            )
         return register(
             JobDefinition(
                 func,
@@ -454,7 +473,7 @@ def job(
                 max_attempts=max_attempts,
                 timeout=timeout_seconds,
                 retry_backoff=retry_backoff,
-                atomic=atomic,
+                atomic=not is_async_handler(func) if atomic is None else atomic,
                 unique_key=unique_key,
                 unique_for=unique_for_seconds,
                 schedule=schedule,

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from django.db import DataError, connection, connections, transaction
 
-from django_pgqueue.models import Job
+from django_pgqueue.models import ConcurrencyLimit, Job
 from tests.plans import plan_nodes, statement_plans
 
 pytestmark = pytest.mark.django_db
@@ -153,6 +153,39 @@ def test_claim_filters_on_queues_and_job_types_with_null_meaning_any(mixed_jobs,
     }
 
     assert ids(claim(queues=queues, job_types=job_types, batch_size=100)) == expected
+
+
+def claim_skipping(job_types, skip_job_types):
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT id FROM claim_job_batch('w', %s, 100, NULL, true, NULL, NULL, %s)",
+            [job_types, skip_job_types],
+        )
+        return {row[0] for row in cursor.fetchall()}
+
+
+@pytest.mark.parametrize("limited", [False, True], ids=["no-limit", "with-a-limit"])
+@pytest.mark.parametrize(
+    ("job_types", "skip_job_types"),
+    [
+        (None, ["tests.record"]),
+        (None, ["tests.record", "tests.fail"]),
+        (["tests.noop", "tests.record"], ["tests.record"]),
+        (None, []),
+    ],
+)
+def test_claim_leaves_the_job_types_it_is_told_to_skip(
+    mixed_jobs, limited, job_types, skip_job_types
+):
+    if limited:  # the claim's other path, taken while any limit exists
+        ConcurrencyLimit.objects.create(scope="queue", name="elsewhere", declared=1)
+    expected = {
+        job_id
+        for (_, job_type), job_id in mixed_jobs.items()
+        if (job_types is None or job_type in job_types) and job_type not in skip_job_types
+    }
+
+    assert claim_skipping(job_types, skip_job_types) == expected
 
 
 def test_empty_filter_lists_match_nothing(mixed_jobs):

@@ -15,7 +15,7 @@ from django_pgqueue import enqueue
 
 SQL_DIR = resources.files("django_pgqueue").joinpath("sql")
 FUNCTIONS = [
-    "claim_job_batch(text, text[], integer, text[], boolean, integer, double precision)",
+    "claim_job_batch(text, text[], integer, text[], boolean, integer, double precision, text[])",
     "pgqueue_rate_limit_wait(text[], text[])",
     "recover_stale_jobs(interval)",
 ]

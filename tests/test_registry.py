@@ -253,8 +253,6 @@ class AsyncCallable:
 @pytest.mark.parametrize(
     ("handler", "message"),
     [
-        pytest.param(async_handler, "is an async function", id="async-def"),
-        pytest.param(AsyncCallable(), "is an async function", id="async-call"),
         pytest.param(generator_handler, "is a generator function", id="generator"),
         pytest.param(async_generator_handler, "is a generator function", id="async-generator"),
         pytest.param(handler_without_the_job, "must take the job", id="no-argument"),
@@ -267,12 +265,33 @@ def test_a_handler_a_worker_could_not_run_is_rejected_when_decorating(handler, m
     assert registry.find_definition("tests.registry.cannot_run") is None
 
 
-def test_an_async_handler_rejection_says_how_to_call_a_coroutine():
-    with pytest.raises(JobRegistrationError) as excinfo:
-        job(async_handler)
+@pytest.mark.parametrize(
+    "handler",
+    [pytest.param(async_handler, id="async-def"), pytest.param(AsyncCallable(), id="async-call")],
+)
+def test_an_async_handler_registers_as_async_and_outside_a_transaction(handler):
+    definition = job("tests.registry.async")(handler)
 
-    assert "tests.test_registry.async_handler" in str(excinfo.value)
-    assert "async_to_sync" in str(excinfo.value)
+    assert definition.is_async
+    assert definition.atomic is False
+    assert registry.find_definition("tests.registry.async") is definition
+
+
+def test_a_sync_handler_is_not_async_and_atomic_by_default():
+    definition = job("tests.registry.sync")(send_welcome)
+
+    assert not definition.is_async
+    assert definition.atomic is True
+
+
+def test_atomic_true_on_an_async_handler_is_refused_saying_what_to_do():
+    with pytest.raises(JobRegistrationError) as excinfo:
+        job("tests.registry.async_atomic", atomic=True)(async_handler)
+
+    message = str(excinfo.value)
+    assert "'tests.registry.async_atomic': atomic=True cannot apply to an async handler" in message
+    assert "sync_to_async" in message
+    assert registry.find_definition("tests.registry.async_atomic") is None
 
 
 def test_handlers_with_a_default_or_keyword_arguments_are_accepted():
@@ -286,18 +305,18 @@ def test_handlers_with_a_default_or_keyword_arguments_are_accepted():
     assert job("tests.registry.varargs")(with_varargs).func is with_varargs
 
 
-def test_the_system_check_reports_a_handler_swapped_for_an_async_one():
+def test_the_system_check_reports_a_handler_swapped_for_a_generator():
     from django_pgqueue.checks import check_handlers
 
     definition = job("tests.registry.swapped")(send_welcome)
     assert check_handlers() == []
-    definition.func = async_handler
+    definition.func = generator_handler
 
     (error,) = check_handlers()
 
     assert error.id == "django_pgqueue.E401"
-    assert "'tests.registry.swapped' is an async function" in error.msg
-    assert "async_to_sync" in error.hint
+    assert "'tests.registry.swapped' is a generator function" in error.msg
+    assert "Use return instead of yield" in error.hint
 
 
 def test_an_unknown_option_is_a_type_error_naming_it():

@@ -295,7 +295,7 @@ def test_a_task_returning_a_coroutine_fails_and_never_succeeds(settings):
     assert job.last_error.startswith(
         "AsyncHandlerError: the handler of job type "
         "'task:tests.testapp.tasks.returns_coroutine' returned an awaitable "
-        "(coroutine _never_run) instead of doing its work: async handlers are not supported"
+        "(coroutine _never_run) instead of doing its work. Declare the handler with async def"
     )
 
 

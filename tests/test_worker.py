@@ -293,7 +293,8 @@ def test_a_handler_returning_an_awaitable_fails_instead_of_completing():
     assert job.status == JobStatus.FAILED
     assert job.last_error.startswith(
         "AsyncHandlerError: the handler of job type 'tests.returns_awaitable' returned an "
-        "awaitable (_Awaitable) instead of doing its work: async handlers are not supported yet"
+        "awaitable (_Awaitable) instead of doing its work. Declare the handler with async "
+        "def, and the worker runs it on its event loop"
     )
     assert job.result is None
 

@@ -162,9 +162,9 @@ def test_a_handler_returning_a_coroutine_is_retried_then_failed_never_completed(
     assert job.attempts == 2
     assert job.last_error == (
         "AsyncHandlerError: the handler of job type 'tests.returns_coroutine' returned an "
-        "awaitable (coroutine _record_execution_async) instead of doing its work: async "
-        "handlers are not supported yet. Make the handler a plain (sync) function; to call "
-        "async code from it, wrap that code with asgiref.sync.async_to_sync"
+        "awaitable (coroutine _record_execution_async) instead of doing its work. Declare the "
+        "handler with async def, and the worker runs it on its event loop; or make it a "
+        "plain function that calls its async code through asgiref.sync.async_to_sync"
     )
     # Neither what the handler wrote before returning nor the coroutine's body is kept.
     assert not Execution.objects.exists()

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar, Protocol, Self
 
+from asgiref.sync import sync_to_async
 from django.contrib.postgres.functions import RandomUUID
 from django.db import models
 from django.db.models import Q, Value
@@ -367,6 +368,14 @@ class Job(JobsDatabaseModel):
             self.current_stage = stage
         self.events_count += 1
         return True
+
+    async def aset_progress(self, percent: int, stage: str | None = None) -> bool:
+        """``set_progress()`` for async code, such as an ``async def`` handler.
+
+        The same arguments, result and errors; the write runs in Django's thread for
+        async ORM calls (``sync_to_async``), so the event loop is not blocked.
+        """
+        return await sync_to_async(self.set_progress)(percent, stage)
 
     def is_cancel_requested(self) -> bool:
         """Tell whether someone asked to cancel this job while it runs.

@@ -9,6 +9,7 @@ import threading
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -72,13 +73,20 @@ class CancelFlag:
     Setting and reading one attribute is atomic across threads.
     """
 
-    __slots__ = ("_set",)
+    __slots__ = ("_set", "on_set")
 
     def __init__(self) -> None:
         self._set = False
+        #: Called (in the setting thread) once set: an async job's cancels its task.
+        self.on_set: Callable[[], None] | None = None
 
     def set(self) -> None:
+        # Set, then read the callback; whoever attaches one writes it, then reads the
+        # flag: one of the two always sees the other.
         self._set = True
+        callback = self.on_set
+        if callback is not None:
+            callback()
 
     def is_set(self) -> bool:
         return self._set
@@ -110,6 +118,8 @@ class RunningJob:
     #: ``time.monotonic()`` by which a slot must start it, or hand it back unstarted: a
     #: rate limit counted it as started then (the claim's ``p_start_within``).
     start_by: float | None = None
+    #: Whether it runs on the worker's event loop (an async handler), not in a thread.
+    on_loop: bool = False
 
     def recorded_start(self) -> float | None:
         """What ``started_at`` becomes when the outcome is written: when a slot took
@@ -186,14 +196,20 @@ def snooze_outcome(running: RunningJob, exc: Snooze, error: str, tb: str) -> Out
 def timeout_outcome(running: RunningJob) -> Outcome:
     """The outcome recorded for a job whose handler ignored its timeout."""
     timeout = running.definition.timeout if running.definition else None
-    error = (
-        f"JobTimeout: ran past its timeout of {timeout:g}s and did not stop when "
-        "interrupted; the thread was abandoned"
-    )
+    if running.on_loop:
+        error = (
+            f"JobTimeout: ran past its timeout of {timeout:g}s and kept the event loop "
+            "blocked, so it could not be cancelled; its task was abandoned"
+        )
+    else:
+        error = (
+            f"JobTimeout: ran past its timeout of {timeout:g}s and did not stop when "
+            "interrupted; the thread was abandoned"
+        )
     return retry_or_fail(running, error, "", None)
 
 
-def _result_json(value: Any) -> tuple[str | None, str | None]:
+def result_json(value: Any) -> tuple[str | None, str | None]:
     """The result to store, and a note when it cannot be: not JSON, or its JSON longer
     than a payload may be (``PGQUEUE["MAX_PAYLOAD_BYTES"]``): results are read back by
     the jobs that depend on it, and kept in the row the claim walks."""
@@ -230,7 +246,7 @@ def _send(signal: Any, job: Job, **kwargs: Any) -> None:
 
 def _failed(running: RunningJob, exc: BaseException) -> Outcome:
     outcome = failure_outcome(running, exc)
-    if outcome.status in (PENDING, FAILED) and not outcome.snoozed:
+    if signalled_failure(outcome):
         _send(
             signals.job_failed,
             running.job,
@@ -239,6 +255,26 @@ def _failed(running: RunningJob, exc: BaseException) -> Outcome:
             will_retry=outcome.status == PENDING,
         )
     return outcome
+
+
+def signalled_failure(outcome: Outcome) -> bool:
+    """Whether ``job_failed`` is sent for ``outcome``: a retry or a failure, not a
+    snooze or a cancellation."""
+    return outcome.status in (PENDING, FAILED) and not outcome.snoozed
+
+
+def mark_started(running: RunningJob) -> None:
+    """Record that a slot starts ``running``'s handler now: its start times, the job's
+    ``started_at`` when it is recorded, its deadline, and its cancel flag on the job."""
+    job = running.job
+    job._cancel_event = running.cancel_event
+    running.started_wall = time.time()
+    running.started_monotonic = time.monotonic()
+    if running.recorded_start() is not None or job.started_at is None:
+        job.started_at = datetime.fromtimestamp(running.started_wall, tz=UTC)
+    definition = running.definition
+    if definition is not None and definition.timeout:
+        running.deadline = running.started_monotonic + definition.timeout
 
 
 def execute(running: RunningJob, alias: str) -> Outcome:
@@ -257,13 +293,8 @@ def execute(running: RunningJob, alias: str) -> Outcome:
     if running.too_late_to_start():
         return handed_back(running)
     _LostConnections.check_since_last_seen()
-    job._cancel_event = running.cancel_event
-    running.started_wall = time.time()
-    running.started_monotonic = time.monotonic()
-    if running.recorded_start() is not None or job.started_at is None:
-        job.started_at = datetime.fromtimestamp(running.started_wall, tz=UTC)
-    if definition.timeout:
-        running.deadline = running.started_monotonic + definition.timeout
+    mark_started(running)
+    assert running.started_monotonic is not None
     _send(signals.job_started, job)
     running.thread_id = threading.get_ident()
     try:
@@ -287,7 +318,7 @@ def execute(running: RunningJob, alias: str) -> Outcome:
         _reset_broken_connections()
         return _failed(running, exc)
     _send(signals.job_completed, job, result=value)
-    result, note = _result_json(value)
+    result, note = result_json(value)
     return Outcome(job.id, COMPLETED, result=result, error=note)
 
 
@@ -302,9 +333,9 @@ def refuse_awaitable(value: Any, job: Job) -> Any:
     returned = f"{type(value).__name__} {name}" if isinstance(name, str) else type(value).__name__
     raise AsyncHandlerError(
         f"the handler of job type {job.job_type!r} returned an awaitable ({returned}) "
-        "instead of doing its work: async handlers are not supported yet. Make the "
-        "handler a plain (sync) function; to call async code from it, wrap that code "
-        "with asgiref.sync.async_to_sync"
+        "instead of doing its work. Declare the handler with async def, and the "
+        "worker runs it on its event loop; or make it a plain function that calls its "
+        "async code through asgiref.sync.async_to_sync"
     )
 
 

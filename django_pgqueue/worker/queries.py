@@ -18,7 +18,7 @@ _HELD = status_in(IN_FLIGHT, "jobs.status")
 # A job under a rate limit comes back with started_at later than claimed_at when it
 # was counted as started at that later moment: it must start by then.
 # Sorted by the server, in the order the slots should start them.
-CLAIM = f"SELECT * FROM claim_job_batch(%s, %s, %s, %s, true, %s, %s) ORDER BY {CLAIM_ORDER}"
+CLAIM = f"SELECT * FROM claim_job_batch(%s, %s, %s, %s, true, %s, %s, %s) ORDER BY {CLAIM_ORDER}"
 
 # After a claim: seconds until a full rate limit of these job types and queues has room
 # (NULL: none is full), so that the worker claims then rather than at its next poll.

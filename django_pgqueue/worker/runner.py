@@ -32,6 +32,7 @@ from ..models import Job
 from ..sideconn import open_raw_connection
 from . import queries
 from .adapters import Float8Array, UUIDArray, adapt_worker_connection
+from .async_slots import AsyncSlots
 from .claimed import claimed_jobs
 from .execution import (
     CANCELLED,
@@ -57,6 +58,7 @@ logger = logging.getLogger("django_pgqueue.worker")
 TIMEOUT_GRACE = 2.0
 MAX_BATCH_SIZE = 1000
 MAX_CONCURRENCY = 1000
+MAX_ASYNC_CONCURRENCY = 10000
 MAX_PREFETCH = 10000
 #: The prefetch buffer is sized so that a job waits in it about this long at most,
 #: judging by how long recent jobs ran: fast jobs get a deep buffer, slow ones none.
@@ -95,7 +97,12 @@ class Worker:
         queues: Queues to take jobs from (a single string is accepted); ``None``: all.
             An empty list is rejected.
         job_types: Job types to run; ``None``: all. An empty list is rejected.
-        concurrency: Number of slot threads, 1 to 1000.
+        concurrency: Number of slot threads (for sync handlers), 1 to 1000.
+        async_concurrency: Most ``async def`` handlers run at once on the worker's event
+            loop, 0 to 10000. Default: ``PGQUEUE["ASYNC_CONCURRENCY"]`` (100). The loop
+            starts only when async handlers are registered for the job types the worker
+            runs; 0 with such handlers is refused. See
+            [Run async handlers](../how-to/async-handlers.md).
         batch_size: Most jobs claimed per query, 1 to 1000 (default above).
         prefetch: Most claimed jobs held beyond the running ones while jobs are fast, 0
             to 10000. Default: ``PGQUEUE["PREFETCH"]`` (100). The worker holds at most
@@ -115,7 +122,9 @@ class Worker:
 
     Raises:
         InvalidWorkerOptionError: For an invalid option (an ``InvalidArgumentError``, so
-            also a ``ValueError``); its ``field`` names the option. Nothing was started.
+            also a ``ValueError``); its ``field`` names the option, and
+            ``async_concurrency`` when it is 0 while async handlers are registered for
+            the job types the worker runs. Nothing was started.
 
     Attributes:
         stats: A
@@ -132,6 +141,7 @@ class Worker:
         queues: Sequence[str] | None = None,
         job_types: Sequence[str] | None = None,
         concurrency: int = 4,
+        async_concurrency: int | None = None,
         batch_size: int | None = None,
         prefetch: int | None = None,
         poll_interval: float | None = None,
@@ -148,6 +158,7 @@ class Worker:
                 queues=queues,
                 job_types=job_types,
                 concurrency=concurrency,
+                async_concurrency=async_concurrency,
                 batch_size=batch_size,
                 prefetch=prefetch,
                 poll_interval=poll_interval,
@@ -160,10 +171,15 @@ class Worker:
         if not self.worker_id or len(self.worker_id) > 255:
             raise InvalidWorkerOptionError("worker_id", "must be 1 to 255 characters")
         self.using = conf.jobs_database(using)
+        #: Job types with async handlers among those it runs: they run on its event loop.
+        self.async_job_types = self._find_async_job_types()
         self.listen = settings.NOTIFY if listen is None else listen
         self._settings = settings
 
         self._running: dict[Any, RunningJob] = {}
+        #: How many held jobs (running, buffered or abandoned) are async ones.
+        self._held_on_loop = 0
+        self._async_slots: AsyncSlots | None = None
         self._abandoned: dict[Any, RunningJob] = {}
         self._finished: queue.SimpleQueue[tuple[RunningJob, Outcome]] = queue.SimpleQueue()
         self._outcomes: list[Outcome] = []
@@ -193,6 +209,23 @@ class Worker:
         """
         return sum(self.stats.values())
 
+    def _find_async_job_types(self) -> list[str]:
+        names = self.job_types if self.job_types is not None else registry.registered_job_types()
+        found = []
+        for name in names:
+            definition = registry.find_definition(name)
+            if definition is not None and definition.is_async:
+                found.append(name)
+        if found and not self.async_concurrency:
+            raise InvalidWorkerOptionError(
+                "async_concurrency",
+                f"is 0, but job type(s) {', '.join(sorted(found))} have async handlers that "
+                "this worker would claim and could not run. Give it async slots "
+                "(--async-concurrency, PGQUEUE['ASYNC_CONCURRENCY']), or leave those types "
+                "to other workers with job_types (--job-types)",
+            )
+        return found
+
     def _configure(
         self,
         settings: conf.PgQueueSettings,
@@ -200,6 +233,7 @@ class Worker:
         queues: Sequence[str] | None,
         job_types: Sequence[str] | None,
         concurrency: int,
+        async_concurrency: int | None,
         batch_size: int | None,
         prefetch: int | None,
         poll_interval: float | None,
@@ -208,6 +242,12 @@ class Worker:
         self.queues = _names(queues, validation.queue, "queues")
         self.job_types = _names(job_types, validation.job_type, "job_types")
         self.concurrency = _bounded_int(concurrency, "concurrency", MAX_CONCURRENCY)
+        self.async_concurrency = _bounded_int(
+            settings.ASYNC_CONCURRENCY if async_concurrency is None else async_concurrency,
+            "async_concurrency",
+            MAX_ASYNC_CONCURRENCY,
+            minimum=0,
+        )
         self.prefetch = _bounded_int(
             settings.PREFETCH if prefetch is None else prefetch,
             "prefetch",
@@ -255,11 +295,13 @@ class Worker:
         there were none).
         """
         logger.info(
-            "worker %s starting: queues=%s job_types=%s concurrency=%d prefetch=%d batch_size=%d",
+            "worker %s starting: queues=%s job_types=%s concurrency=%d async_concurrency=%d "
+            "prefetch=%d batch_size=%d",
             self.worker_id,
             ",".join(self.queues) if self.queues else "*",
             ",".join(self.job_types) if self.job_types else "*",
             self.concurrency,
+            self._loop_size(),
             self.prefetch,
             self.batch_size,
         )
@@ -268,6 +310,8 @@ class Worker:
         self._sync_limits()
         self._check_release_channel()
         slots = SlotPool(self.concurrency, self.using, self._on_job_done)
+        if self.async_job_types:
+            self._async_slots = AsyncSlots(self.async_concurrency, self._on_job_done)
         threads = self._start_threads()
         try:
             self._loop(slots)
@@ -275,6 +319,9 @@ class Worker:
             self._drain_and_release(slots)
             self._mark_stopped()
             slots.stop()
+            if self._async_slots is not None:
+                self._async_slots.stop()
+                self._async_slots = None
             self._threads_stopping.set()
             for thread in threads:
                 # The listener is not waited for: it notices the stop within its 0.5 s
@@ -318,7 +365,7 @@ class Worker:
             os.getpid(),
             json.dumps(self.queues),
             json.dumps(self.job_types),
-            self.concurrency,
+            self.concurrency + self._loop_size(),
         ]
         failures = 0
         while True:
@@ -441,7 +488,33 @@ class Worker:
 
     def _room(self) -> int:
         """How many more jobs to hold: free slots plus the prefetch buffer's room."""
-        return self.concurrency + self._prefetch_depth() - len(self._running) - len(self._abandoned)
+        return self._thread_room() + self._loop_room()
+
+    def _thread_room(self) -> int:
+        """How many more sync jobs to hold: free slot threads and the prefetch buffer."""
+        held = len(self._running) + len(self._abandoned) - self._held_on_loop
+        return self.concurrency + self._prefetch_depth() - held
+
+    def _loop_size(self) -> int:
+        """How many async jobs the event loop runs at once (0: it does not run)."""
+        return self.async_concurrency if self.async_job_types else 0
+
+    def _loop_room(self) -> int:
+        """How many more async jobs to hold: free places on the event loop."""
+        return self._loop_size() - self._held_on_loop
+
+    def _claim_filter(self) -> tuple[list[str] | None, list[str] | None]:
+        """The job types to claim and those to leave (``p_skip_job_types``): while one
+        kind of slot (threads, the event loop) has no room, only the other kind's jobs,
+        so that neither starves the other."""
+        if not self.async_job_types:
+            return self.job_types, None
+        thread_room, loop_room = self._thread_room(), self._loop_room()
+        if loop_room <= 0 < thread_room:
+            return self.job_types, self.async_job_types
+        if thread_room <= 0 < loop_room:
+            return self.async_job_types, None
+        return self.job_types, None
 
     def _waiting_for_rate_limits(self) -> bool:
         """Whether due jobs of this worker are only waiting for a rate limit's window: a
@@ -455,8 +528,13 @@ class Worker:
         return bool(found and found[0])
 
     def _free_slots(self) -> int:
-        """Slots idle now: a job handed to one starts at once."""
-        return max(self.concurrency - len(self._running) - len(self._abandoned), 0)
+        """Slots idle now, threads and places on the event loop: a job handed to one
+        starts at once."""
+        return self._free_threads() + max(self._loop_room(), 0)
+
+    def _free_threads(self) -> int:
+        held = len(self._running) + len(self._abandoned) - self._held_on_loop
+        return max(self.concurrency - held, 0)
 
     def _prefetch_depth(self) -> int:
         average = self._average_duration
@@ -489,9 +567,10 @@ class Worker:
             asked=asked,
             free=self._free_slots(),
             held=len(self._running) + len(self._abandoned),
-            concurrency=self.concurrency,
+            concurrency=self.concurrency + self._loop_size(),
             average=self._average_duration,
         )
+        job_types, skip_job_types = self._claim_filter()
         conn = self._db()
         finish = claim = rate_wait = None
         with conn.pipeline():
@@ -516,11 +595,12 @@ class Worker:
                     queries.CLAIM,
                     [
                         self.worker_id,
-                        self.job_types,
+                        job_types,
                         asked,
                         self.queues,
                         self._free_slots(),
                         start_within,
+                        skip_job_types,
                     ],
                     binary=True,
                     prepare=False,
@@ -553,7 +633,8 @@ class Worker:
         """Hand ``jobs`` to the slots: free ones start them at once, the rest wait in
         the prefetch buffer. With ``sent_at`` (when the claim was sent), jobs with a
         start-by moment go first (pacing.py)."""
-        free = self._free_slots()
+        free = self._free_threads()
+        free_on_loop = self._loop_room()
         deadlines = [None if sent_at is None else start_by(job, sent_at) for job in jobs]
         batch = list(zip(jobs, deadlines, strict=True))
         if sent_at is not None:
@@ -565,9 +646,23 @@ class Worker:
                 )
                 continue
             # The slot sets the deadline when it starts the handler (execution.execute).
+            definition = registry.find_definition(job.job_type)
+            if definition is not None and definition.is_async and self._async_slots:
+                running = RunningJob(
+                    job=job,
+                    definition=definition,
+                    buffered=free_on_loop <= 0,
+                    start_by=deadline,
+                    on_loop=True,
+                )
+                free_on_loop -= 1
+                self._held_on_loop += 1
+                self._running[job.id] = running
+                self._async_slots.submit(running)
+                continue
             running = RunningJob(
                 job=job,
-                definition=registry.find_definition(job.job_type),
+                definition=definition,
                 buffered=free <= 0,
                 start_by=deadline,
             )
@@ -607,6 +702,8 @@ class Worker:
             except queue.Empty:
                 return
             job_id = running.job.id
+            if running.on_loop:
+                self._held_on_loop -= 1
             if self._abandoned.pop(job_id, None) is not None:
                 continue  # its timeout outcome was recorded when it was abandoned
             self._running.pop(job_id, None)
@@ -622,13 +719,22 @@ class Worker:
             if running.deadline is None or now < running.deadline:
                 continue
             if running.timeout_signalled_at is None:
+                if running.on_loop:
+                    # asyncio.timeout cancels it on the loop; if the loop is blocked,
+                    # it is abandoned once the grace period is over, as below.
+                    running.timeout_signalled_at = now
+                    continue
                 logger.warning("job %s ran past its timeout; interrupting it", job_id)
                 interrupt(running)
             elif now - running.timeout_signalled_at > TIMEOUT_GRACE:
                 # The handler ignores the interruption (blocked in C code, or swallowed
                 # the exception): record the timeout now and keep the slot counted as
                 # busy until the thread comes back, so concurrency is never exceeded.
-                logger.error("job %s did not stop after its timeout; abandoning it", job_id)
+                logger.error(
+                    "job %s did not stop after its timeout; abandoning it%s",
+                    job_id,
+                    " (the event loop is blocked)" if running.on_loop else "",
+                )
                 del self._running[job_id]
                 self._abandoned[job_id] = running
                 outcome = timeout_outcome(running)
@@ -640,8 +746,12 @@ class Worker:
     def _drain_and_release(self, slots: SlotPool) -> None:
         """Release the jobs no slot started yet, let running jobs finish within the grace
         period, then release the rest."""
-        for running in slots.take_unstarted():
+        unstarted = slots.take_unstarted()
+        if self._async_slots is not None:
+            unstarted += self._async_slots.take_unstarted()
+        for running in unstarted:
             self._running.pop(running.job.id, None)
+            self._held_on_loop -= running.on_loop
             self._outcomes.append(handed_back(running))
         self._reap()
         deadline = time.monotonic() + self.shutdown_grace
@@ -658,6 +768,7 @@ class Worker:
             running.cancel_event.set()
             self._outcomes.append(Outcome(job_id, PENDING, refund=1))
         self._running.clear()
+        self._held_on_loop = sum(running.on_loop for running in self._abandoned.values())
         for attempt in range(3):
             try:
                 self._cycle(None)

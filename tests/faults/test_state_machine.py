@@ -96,7 +96,7 @@ class JobStateMachine(RuleBasedStateMachine):
         (claimed)."""
         with connection.cursor() as cursor:
             if start:
-                cursor.execute(queries.CLAIM, [worker, None, batch, None, free, start_within])
+                cursor.execute(queries.CLAIM, [worker, None, batch, None, free, start_within, None])
             else:
                 cursor.execute("SELECT * FROM claim_job_batch(%s, NULL, %s)", [worker, batch])
 

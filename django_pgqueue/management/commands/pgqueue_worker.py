@@ -38,7 +38,15 @@ class Command(BaseCommand):
             "--concurrency",
             type=int,
             default=4,
-            help="Jobs run at once, each in its own thread (default: %(default)s).",
+            help="Sync jobs run at once, each in its own thread (default: %(default)s).",
+        )
+        parser.add_argument(
+            "--async-concurrency",
+            type=int,
+            default=None,
+            help="Async (async def) jobs run at once on the worker's event loop "
+            "(default: PGQUEUE['ASYNC_CONCURRENCY'], 100 unless set; 0 refuses to start "
+            "while async handlers are registered for the job types it runs).",
         )
         parser.add_argument(
             "--batch-size",
@@ -105,6 +113,7 @@ class Command(BaseCommand):
                 queues=options["queues"],
                 job_types=options["job_types"],
                 concurrency=options["concurrency"],
+                async_concurrency=options["async_concurrency"],
                 batch_size=options["batch_size"],
                 prefetch=options["prefetch"],
                 poll_interval=options["poll_interval"],
