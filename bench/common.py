@@ -31,6 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 CPU_JOB_SECONDS = 0.001
 #: Every tenth job of W6 fails its first attempt.
 FAIL_EVERY = 10
+#: Seconds a W7 job waits on simulated I/O (``asyncio.sleep``, or ``time.sleep`` where the
+#: peer runs sync tasks on threads or greenlets).
+IO_WAIT_SECONDS = 0.05
 #: W9's keys: job ``i`` has key ``i % W9_KEYS``, each key limited to one job at a time.
 W9_KEYS = 1000
 #: W11's rate for each of its ``W9_KEYS`` keys, in jobs a second. Together the keys
@@ -298,7 +301,9 @@ def harness_parser(description: str, extra: Sequence[str] = ()) -> argparse.Argu
     p.add_argument("--jobs", type=int, required=True)
     p.add_argument("--layout", default="1x4", help="PROCESSESxSLOTS")
     p.add_argument(
-        "--kind", choices=["noop", "cpu_flaky", "keyed", "rated_keys", "chord"], default="noop"
+        "--kind",
+        choices=["noop", "cpu_flaky", "keyed", "rated_keys", "chord", "io_wait"],
+        default="noop",
     )
     p.add_argument(
         "--keep",

@@ -55,6 +55,8 @@ class SystemInfo:
     status: str = "ok"
     slots: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    #: W7's layouts (I/O-bound jobs, one worker process), when it has its own.
+    w7_slots: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -182,6 +184,7 @@ def targets(results: Results, ours: str = "pgqueue") -> list[Target]:
     w11 = results.find(ours, "W11", variant)
     w8 = results.find(ours, "W8", variant)
     w8_chain = results.find(ours, "W8-chain-p50")
+    w7 = best_variant(results, ours, "W7")
     w10 = results.find(ours, "W10", W10_LAYOUT)
     w10_peak = results.find(ours, "W10-peak", W10_LAYOUT)
     limit = results.meta.get("w10_rate")
@@ -251,6 +254,13 @@ def targets(results: Results, ours: str = "pgqueue") -> list[Target]:
             False,
             unit="ms",
             detail="no-op steps: a step's start minus the previous step's start",
+        ),
+        Target(
+            "W7 jobs awaiting 50 ms of I/O, one process",
+            w7.median if w7 else None,
+            5_000,
+            unit="jobs/s",
+            detail=f"layout {w7.variant if w7 else '-'}",
         ),
         Target(
             "W10 rate kept, off the limit by",
@@ -428,6 +438,7 @@ def markdown(results: Results) -> str:
             ]
             out.append(f"| {_system_label(results, system.name)} | " + " | ".join(cells) + " |")
     out += _against_celery(results)
+    out += _io_section(results)
     limit = meta.get("w10_rate")
     out += [
         "",
@@ -482,6 +493,37 @@ def _against_celery(results: Results) -> list[str]:
             )
         lines.append(line + ".")
     return ["", *lines] if lines else []
+
+
+def _io_section(results: Results) -> list[str]:
+    """W7: I/O-bound jobs in one worker process, each system at its settings for them,
+    with each figure's ratio to ours."""
+    ours = best_variant(results, "pgqueue", "W7")
+    rows = []
+    for system in results.systems:
+        if system.status != "ok" or system.name in ("pgbench", "reference"):
+            continue
+        layouts = system.w7_slots or dict(list(system.slots.items())[:1])
+        for variant, how in layouts.items():
+            figure = results.find(system.name, "W7", variant)
+            if figure is None:
+                continue
+            ratio = _ratio(ours.median if ours else None, figure.median)
+            cells = [how, figure.cell("jobs/s"), "-" if ratio is None else f"{ratio:.2f}x"]
+            rows.append(f"| {_system_label(results, system.name)} | " + " | ".join(cells) + " |")
+    if not rows:
+        return []
+    return [
+        "",
+        "## I/O-bound jobs (W7)",
+        "",
+        "Jobs that each wait 50 ms on simulated I/O (`asyncio.sleep` in async handlers, "
+        "`time.sleep` in Celery's threads and greenlets), drained by one worker process.",
+        "",
+        "| System | Slots | W7 (jobs/s) | django-pgqueue's best / this |",
+        "|---|---|---|---|",
+        *rows,
+    ]
 
 
 def _ratio_cell(results: Results, system: str, workloads: tuple[str, str], variant: str) -> str:

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import baseline, redis_server, report  # noqa: E402
-from bench.common import W9_KEYS, W10_LAYOUT, W11_RATE  # noqa: E402
+from bench.common import IO_WAIT_SECONDS, W9_KEYS, W10_LAYOUT, W11_RATE  # noqa: E402
 from bench.report import Figure, Results, SystemInfo  # noqa: E402
 
 #: Durable settings for the benchmark's own server: never the test tuning. Checkpoints
@@ -98,6 +98,8 @@ class Sizes:
     #: steps.
     w8: int = 10_001
     w8_chain: int = 1_000
+    #: W7: jobs each awaiting ``IO_WAIT_SECONDS`` of simulated I/O, one worker process.
+    w7: int = 10_000
 
     def describe(self) -> str:
         return (
@@ -105,7 +107,8 @@ class Sizes:
             f"W5 {self.w5_rows:,} finished rows, W6 {self.w6:,}, W9 {self.w9:,} over "
             f"{W9_KEYS:,} keys, W10 {self.w10_rate}/s for {self.w10_seconds:g} s, W11 "
             f"{self.w11:,} over {W9_KEYS:,} keys at {W11_RATE}/s each, W8 a chord of "
-            f"{self.w8 - 1:,} jobs and a callback, and a chain of {self.w8_chain:,} steps"
+            f"{self.w8 - 1:,} jobs and a callback, and a chain of {self.w8_chain:,} steps, "
+            f"W7 {self.w7:,} jobs awaiting {IO_WAIT_SECONDS * 1000:g} ms each"
         )
 
 
@@ -124,6 +127,7 @@ QUICK = Sizes(
     w11=5_000,
     w8=2_501,
     w8_chain=200,
+    w7=5_000,
 )
 SMOKE = Sizes(
     100,
@@ -141,6 +145,7 @@ SMOKE = Sizes(
     w11=200,
     w8=201,
     w8_chain=20,
+    w7=200,
 )
 
 
@@ -162,6 +167,11 @@ CELERY_UNSUPPORTED = {
 CELERY_LAYOUTS = {
     "prefork-4": "1 worker, prefork pool, `--concurrency 4`",
     "threads-4": "1 worker, threads pool, `--concurrency 4`",
+}
+#: Celery's pools for I/O-bound tasks (W7 sleeps with ``time.sleep``, patched by gevent).
+CELERY_W7_LAYOUTS = {
+    "threads-500": "1 worker, threads pool, `--concurrency 500`",
+    "gevent-500": "1 worker, gevent pool, `--concurrency 500`",
 }
 CELERY_NOTES = (
     "`.delay()` (W1); no bulk enqueue, so W2 is a loop of `apply_async` on one producer "
@@ -191,6 +201,9 @@ class SystemSpec:
     #: The settings of the ``redis-server`` the benchmark starts for it (None: it needs
     #: none); its harness finds it at ``BENCH_REDIS_URL``.
     redis: tuple[str, ...] | None = None
+    #: W7's layouts, one worker process each, at its best settings for I/O-bound jobs
+    #: (none: W7 is in ``unsupported``).
+    w7_layouts: dict[str, str] = field(default_factory=dict)
 
 
 SYSTEMS = [
@@ -211,8 +224,9 @@ SYSTEMS = [
             "W1 runs twice: with Django's default database options (no prepared "
             "statements, client-side binding) and with prepared statements turned on in "
             "`OPTIONS`, as psycopg has them for the bare INSERT; the W1 target compares "
-            "the latter.",
+            "the latter. W7: an `async def` handler awaiting `asyncio.sleep`.",
         ),
+        w7_layouts={"1x500": "1 process, `--async-concurrency 500`, `--concurrency 1`"},
     ),
     SystemSpec(
         "procrastinate",
@@ -221,6 +235,10 @@ SYSTEMS = [
         ("procrastinate==3.10.0", "psycopg[binary]"),
         "procrastinate",
         {"1x4": "1 process, `concurrency=4` (async tasks)"},
+        w7_layouts={
+            "1x100": "1 process, `concurrency=100`, a pool of 50 connections",
+            "1x500": "1 process, `concurrency=500`, a pool of 50 connections",
+        },
         unsupported={
             "W8": NO_WORKFLOWS,
             "W9": "n/a: not measured yet (its `lock` runs one job per key)",
@@ -242,6 +260,7 @@ SYSTEMS = [
         unsupported={
             "W8": NO_WORKFLOWS,
             "W9": NO_PER_KEY_LIMITS,
+            "W7": "n/a: not measured yet",
             "W10": "n/a: not measured yet (its entrypoints take `requests_per_second`)",
             "W11": "n/a: no per-key rate limit",
         },
@@ -259,6 +278,7 @@ SYSTEMS = [
         {"4x1": "4 `db_worker` processes x 1 task"},
         unsupported={
             "W6": "n/a: no retries",
+            "W7": "n/a: a worker process runs one task at a time",
             "W8": NO_WORKFLOWS,
             "W9": NO_PER_KEY_LIMITS,
             "W10": NO_RATE_LIMITS,
@@ -275,12 +295,13 @@ SYSTEMS = [
             name,
             f"Celery on Redis ({how})",
             "bench.systems.harness_celery",
-            ("celery[redis]==5.7.0",),
+            ("celery[redis,gevent]==5.7.0",),
             "celery",
             CELERY_LAYOUTS,
             unsupported=CELERY_UNSUPPORTED,
             notes=(*CELERY_NOTES, note),
             redis=settings,
+            w7_layouts=CELERY_W7_LAYOUTS,
         )
         for name, how, settings, note in (
             (
@@ -300,7 +321,7 @@ SYSTEMS = [
     ),
 ]
 PEER_EXTRA_LAYOUT = {"2x2": "2 processes x concurrency 2"}
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W8", "W9", "W10", "W11")
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W10", "W11")
 ALL_NAMES = [spec.name for spec in SYSTEMS] + ["pgbench"]
 #: Run when --systems is not given. Celery is run when named: with its untimed enqueues
 #: at 1,300-3,000 tasks a second it would double a full run's 20 minutes.
@@ -704,7 +725,9 @@ class Bench:
             for system in self.in_turn(run):
                 name = system.spec.name
                 layouts = list(system.layouts)
-                if workload not in self.sizes.every_layout:
+                if workload == "W7":
+                    layouts = list(system.spec.w7_layouts) or layouts[:1]
+                elif workload not in self.sizes.every_layout:
                     layouts = layouts[:1]
                 for layout in layouts:
                     key = (name, workload, layout)
@@ -879,6 +902,7 @@ def prepare(
         if args.all_layouts and spec.requirements and spec.redis is None and "4x1" not in layouts:
             layouts.update(PEER_EXTRA_LAYOUT)
         info.slots = layouts
+        info.w7_slots = dict(spec.w7_layouts)
         bench.systems.append(Prepared(spec, python, dsn, history, layouts, env))
         log(f"{spec.label} {info.version}: ready")
 
@@ -1107,6 +1131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 bench.latency()
             if "W6" in bench.workloads:
                 bench.drain("W6", sizes.w6, kind="cpu_flaky")
+            if "W7" in bench.workloads:
+                bench.drain("W7", sizes.w7, kind="io_wait")
             if "W8" in bench.workloads:
                 bench.drain("W8", sizes.w8, kind="chord")
                 bench.chain_latency()

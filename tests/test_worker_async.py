@@ -301,3 +301,10 @@ def test_a_worker_without_async_places_starts_when_its_job_types_are_all_sync():
 def test_an_invalid_async_concurrency_is_refused(value):
     with pytest.raises(InvalidWorkerOptionError, match="async_concurrency: must be an integer"):
         Worker(async_concurrency=value)
+
+
+def test_the_default_batch_size_makes_room_for_the_event_loop():
+    assert Worker(concurrency=4, prefetch=100, async_concurrency=300).batch_size == 404
+    assert Worker(concurrency=4, prefetch=100, async_concurrency=2000).batch_size == 1000
+    assert Worker(concurrency=4, prefetch=100, job_types=["tests.record"]).batch_size == 104
+    assert Worker(async_concurrency=300, batch_size=10).batch_size == 10

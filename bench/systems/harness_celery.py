@@ -8,7 +8,10 @@ loses nothing, as the PostgreSQL queues promise), a prefetch of ``PREFETCH`` tas
 worker process, results ignored except where a chord needs them. A worker is
 ``celery worker`` through ``app.worker_main`` with ``--without-heartbeat --without-gossip
 --without-mingle`` (one node), its pool chosen by the layout: ``prefork-4`` (Celery's
-default pool, 4 child processes) or ``threads-4``.
+default pool, 4 child processes) or ``threads-4``; W7's I/O-bound tasks run in
+``threads-500`` or ``gevent-500`` (Celery's pools for I/O; a gevent worker monkey-patches
+the standard library first, as ``celery worker -P gevent`` does, so ``time.sleep``
+yields to the other greenlets).
 
 Celery has no "stop when the queue is empty": a drain is over when the queue and the
 unacknowledged set are both empty (with late acknowledgement a task leaves the latter
@@ -19,8 +22,14 @@ started (pool, connections) but fetches nothing before the timed drain begins.
 
 from __future__ import annotations
 
-import itertools
 import os
+
+if os.environ.get("BENCH_CELERY_POOL") == "gevent":  # before anything opens a socket
+    from gevent import monkey
+
+    monkey.patch_all()
+
+import itertools
 import sys
 import time
 from typing import Any
@@ -39,8 +48,15 @@ PREFETCH = 100
 POLL_SECONDS = 0.002
 #: Where the chord's callback writes the time it ran (seconds since the epoch).
 CALLBACK_DONE = "bench:callback_done"
-#: The pools of the layouts (4 slots each).
-POOLS = {"prefork-4": "prefork", "threads-4": "threads"}
+#: Redis connections of a gevent worker (see below).
+GEVENT_CONNECTIONS = 1000
+#: The pool and the slots of each layout.
+POOLS = {
+    "prefork-4": ("prefork", 4),
+    "threads-4": ("threads", 4),
+    "threads-500": ("threads", 500),
+    "gevent-500": ("gevent", 500),
+}
 
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -53,6 +69,10 @@ app.conf.update(
     worker_hijack_root_logger=False,
     worker_redirect_stdouts=False,  # the harness reads "ready" on the worker's stdout
 )
+if os.environ.get("BENCH_CELERY_POOL") == "gevent":
+    # Each greenlet acknowledges its task on a connection of the broker's pool, 10 by
+    # default: hundreds at once fail with "Too many connections" and are lost to Redis.
+    app.conf.broker_transport_options = {"max_connections": GEVENT_CONNECTIONS}
 
 
 @app.task(name="bench.noop")
@@ -78,6 +98,11 @@ def cpu_flaky(self: Any, i: int) -> None:
     common.burn_cpu()
     if self.request.retries == 0 and common.fails_first_attempt(i):
         raise self.retry(countdown=0)
+
+
+@app.task(name="bench.io_wait")
+def io_wait(i: int) -> None:
+    time.sleep(common.IO_WAIT_SECONDS)  # a greenlet switch under the gevent pool
 
 
 _client: Any = None
@@ -157,13 +182,14 @@ def _wait_callback(timeout: float = common.DRAIN_TIMEOUT) -> float:
 def _workers(layout: str, env: dict[str, str] | None = None) -> common.WorkerGroup:
     if layout not in POOLS:
         raise ValueError(f"unknown layout {layout!r}; choose from {sorted(POOLS)}")
-    command = common.module_command(MODULE, "--dsn", "-", "worker", "--slots", "4")
-    env = {**os.environ, **(env or {}), "BENCH_CELERY_POOL": POOLS[layout]}
+    pool, slots = POOLS[layout]
+    command = common.module_command(MODULE, "--dsn", "-", "worker", "--slots", str(slots))
+    env = {**os.environ, **(env or {}), "BENCH_CELERY_POOL": pool}
     return common.WorkerGroup.start([command], env=env)
 
 
 def drain(args: Any) -> dict[str, Any]:
-    if args.kind not in ("noop", "cpu_flaky", "chord"):
+    if args.kind not in ("noop", "cpu_flaky", "chord", "io_wait"):
         raise ValueError(f"no {args.kind} drain for Celery")
     _flush()
     enqueue_seconds = 0.0
@@ -172,7 +198,8 @@ def drain(args: Any) -> dict[str, Any]:
         chord(group(member.s(i) for i in range(args.jobs - 1)), callback.s()).apply_async()
         enqueue_seconds = time.perf_counter() - began
     else:
-        _send_each(noop if args.kind == "noop" else cpu_flaky, range(args.jobs))
+        task = {"noop": noop, "cpu_flaky": cpu_flaky, "io_wait": io_wait}[args.kind]
+        _send_each(task, range(args.jobs))
     group_ = _workers(args.layout)
     try:
         start = time.time()

@@ -211,11 +211,15 @@ def drain(args: Any) -> dict[str, Any]:
     if args.kind == "rated_keys":
         _declare_rated_keys()
         _execute("TRUNCATE pgqueue_rate_starts")
+    if args.kind == "io_wait":
+        os.environ["BENCH_ASYNC_JOBS"] = "1"  # the workers run async slots (worker())
+        import bench.benchapp.async_jobs  # noqa: F401  (registers bench.io_wait)
     job_type = {
         "noop": "bench.noop",
         "cpu_flaky": "bench.cpu_flaky",
         "keyed": "bench.keyed",
         "rated_keys": "bench.rated_keys",
+        "io_wait": "bench.io_wait",
     }
     keys = common.W9_KEYS if args.kind in ("keyed", "rated_keys") else 0
     enqueue_seconds = 0.0
@@ -335,7 +339,12 @@ def fill_finished(args: Any) -> dict[str, Any]:
 def worker(args: Any) -> None:
     from django.core.management import call_command
 
-    options = ["--concurrency", str(args.slots), "--log-level", "ERROR"]
+    if os.environ.get("BENCH_ASYNC_JOBS"):
+        # W7: its slots are places on the event loop; one thread for sync jobs.
+        options = ["--concurrency", "1", "--async-concurrency", str(args.slots)]
+    else:
+        options = ["--concurrency", str(args.slots)]
+    options += ["--log-level", "ERROR"]
     if args.batch_size:
         options += ["--batch-size", str(args.batch_size)]
     if args.burst:

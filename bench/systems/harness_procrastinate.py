@@ -22,6 +22,8 @@ from bench import common
 
 MODULE = "bench.systems.harness_procrastinate"
 TABLE = "procrastinate_jobs"
+#: The most connections a worker's pool opens (the server allows 200 in all).
+POOL_MAX = 50
 
 
 def _app(dsn: str, pool_size: int = 1) -> procrastinate.App:
@@ -36,6 +38,10 @@ def _app(dsn: str, pool_size: int = 1) -> procrastinate.App:
     async def noop(i: int, probe: bool = False) -> None:
         if probe:
             common.probe(i)
+
+    @app.task(name="bench.io_wait")
+    async def io_wait(i: int) -> None:
+        await asyncio.sleep(common.IO_WAIT_SECONDS)
 
     @app.task(
         name="bench.cpu_flaky",
@@ -165,8 +171,9 @@ async def fill_finished(args: Any) -> dict[str, Any]:
 
 
 async def _run_worker(args: Any) -> None:
-    # A connection per slot, plus one to listen for new jobs.
-    async with _app(args.dsn, args.slots + 1).open_async() as app:
+    # A connection per slot, plus one to listen for new jobs; at most POOL_MAX (W7's
+    # hundreds of slots each use a connection only to fetch and to finish a job).
+    async with _app(args.dsn, min(args.slots + 1, POOL_MAX)).open_async() as app:
         await app.run_worker_async(
             concurrency=args.slots,
             wait=not args.burst,

@@ -103,7 +103,8 @@ class Worker:
             starts only when async handlers are registered for the job types the worker
             runs; 0 with such handlers is refused. See
             [Run async handlers](../how-to/async-handlers.md).
-        batch_size: Most jobs claimed per query, 1 to 1000 (default above).
+        batch_size: Most jobs claimed per query, 1 to 1000 (default above, plus
+            ``async_concurrency`` when the event loop runs).
         prefetch: Most claimed jobs held beyond the running ones while jobs are fast, 0
             to 10000. Default: ``PGQUEUE["PREFETCH"]`` (100). The worker holds at most
             ``concurrency + prefetch`` jobs; see [``PREFETCH``](settings.md).
@@ -173,6 +174,8 @@ class Worker:
         self.using = conf.jobs_database(using)
         #: Job types with async handlers among those it runs: they run on its event loop.
         self.async_job_types = self._find_async_job_types()
+        if batch_size is None and self.async_job_types:
+            self.batch_size: int = min(self.batch_size + self.async_concurrency, MAX_BATCH_SIZE)
         self.listen = settings.NOTIFY if listen is None else listen
         self._settings = settings
 

@@ -52,7 +52,8 @@ class Command(BaseCommand):
             "--batch-size",
             type=int,
             default=None,
-            help="Most jobs claimed per query (default: concurrency + prefetch, at most 1000).",
+            help="Most jobs claimed per query (default: concurrency + prefetch, plus "
+            "async concurrency when async handlers run; at most 1000).",
         )
         parser.add_argument(
             "--prefetch",
