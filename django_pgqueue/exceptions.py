@@ -18,7 +18,12 @@ Exception
     ├── RetryJob
     ├── Snooze
     ├── JobCancelled
-    └── JobTimeout
+    ├── JobTimeout
+    ├── JobNotFoundError (also a LookupError)
+    └── JobNotCompletedError
+        ├── JobFailedError
+        ├── CancelledJobError
+        └── WaitTimeoutError (also a TimeoutError)
 ```
 
 The ones used most are also exported by ``django_pgqueue``.
@@ -35,12 +40,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AsyncHandlerError",
+    "CancelledJobError",
     "DuplicateJobError",
     "FailJob",
     "InvalidArgumentError",
     "InvalidJobError",
     "InvalidWorkerOptionError",
     "JobCancelled",
+    "JobFailedError",
+    "JobNotCompletedError",
+    "JobNotFoundError",
     "JobRegistrationError",
     "JobTimeout",
     "MissingExtraError",
@@ -51,6 +60,7 @@ __all__ = [
     "TaskReturnValueError",
     "UndecodableJobError",
     "UnknownJobTypeError",
+    "WaitTimeoutError",
 ]
 
 
@@ -276,3 +286,39 @@ class JobTimeout(PgQueueError):
     The attempt fails and is retried like any other failure. See
     [Set timeouts](../how-to/timeouts.md).
     """
+
+
+class JobNotFoundError(PgQueueError, LookupError):
+    """Raised by ``Job.wait()`` and ``Job.await_result()`` for a job the jobs database
+    does not hold: not committed yet (waiting inside the transaction that enqueued it),
+    or deleted."""
+
+
+class JobNotCompletedError(PgQueueError):
+    """A job waited for (``Job.wait()``, ``Job.await_result()``) did not complete.
+
+    Attributes:
+        job_id: The job's id.
+        error: Its ``last_error`` (``None`` for a wait that timed out).
+    """
+
+    def __init__(self, message: str, *, job_id: Any, error: str | None) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.error = error
+
+
+class JobFailedError(JobNotCompletedError):
+    """The job waited for failed: its attempts ran out, or its handler raised
+    ``FailJob``. The message quotes its last error. See
+    [Wait for a job's result](../how-to/wait-for-results.md)."""
+
+
+class CancelledJobError(JobNotCompletedError):
+    """The job waited for was cancelled. Not to be confused with ``JobCancelled``, which
+    a handler raises to end its own job cancelled."""
+
+
+class WaitTimeoutError(JobNotCompletedError, TimeoutError):
+    """The wait's ``timeout`` passed before the job finished. The job goes on: wait
+    again, or cancel it. The message says its status and attempts so far."""

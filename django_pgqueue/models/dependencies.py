@@ -89,7 +89,7 @@ class JobWait(JobsDatabaseModel):
     dependency puts the job back to ``waiting``.
 
     Attributes:
-        job (OneToOneField): The waiting job (primary key); reverse name ``wait``.
+        job (OneToOneField): The waiting job (primary key); reverse name ``workflow_wait``.
         unresolved (IntegerField): How many of its dependencies are not resolved.
         cancelled_by (ForeignKey): The dependency whose failure or cancellation cancelled
             the job; ``NULL`` unless the job was cancelled that way.
@@ -99,7 +99,7 @@ class JobWait(JobsDatabaseModel):
         _JOB,
         on_delete=models.DO_NOTHING,
         primary_key=True,
-        related_name="wait",
+        related_name="workflow_wait",
         db_constraint=False,
     )
     unresolved = models.IntegerField()

@@ -7,19 +7,19 @@ import operator
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, ClassVar, Protocol, Self
 
 from asgiref.sync import sync_to_async
 from django.contrib.postgres.functions import RandomUUID
-from django.db import models
+from django.db import connections, models
 from django.db.models import Q, Value
 from django.db.models.base import ModelState
 from django.db.models.functions import Now
 from django.db.models.signals import post_init, pre_init
 from django.utils.translation import gettext_lazy as _
 
-from .. import conf, schema
+from .. import conf, schema, waiting
 from ..due import CLAIM_INDEX_FIELDS
 from ..exceptions import InvalidJobError, JobCancelled
 from ..indexes import GinIndex
@@ -171,6 +171,9 @@ class Job(JobsDatabaseModel):
     #: The workflow the job is a step of (``depends_on``); NULL: none. Its finish and
     #: retry settle the steps that depend on it (sql/workflow_settle_v1.sql).
     workflow_id = models.UUIDField(null=True, blank=True)
+    #: Someone waits for its finish (``wait()``): it then notifies ``pgqueue_finished``
+    #: (sql/notify_finished_v1.sql).
+    awaited = models.BooleanField(db_default=False)
 
     objects: ClassVar[JobManager[Self]] = JobManager()
 
@@ -396,6 +399,60 @@ class Job(JobsDatabaseModel):
         if self.is_cancel_requested():
             raise JobCancelled(f"job {self.id} was cancelled")
 
+    def wait(
+        self,
+        timeout: float | timedelta | None = None,
+        *,
+        poll_interval: float | timedelta = waiting.DEFAULT_POLL_INTERVAL,
+    ) -> Any:
+        """Block until this job finishes, and return its result.
+
+        Woken by a notification when the job finishes (the job is marked ``awaited``,
+        and its finish notifies ``pgqueue_finished``), and reading its status every
+        ``poll_interval`` seconds besides, so it also works where notifications do not
+        arrive (behind PgBouncer in transaction mode). Opens a connection of its own to
+        the jobs database (``PGQUEUE["LISTEN_DATABASE"]`` when set) for the wait.
+
+        The instance is not refreshed: call ``refresh_from_db()`` for the other fields.
+
+        Args:
+            timeout: Seconds (or a ``timedelta``) to wait at most, positive; ``None``:
+                no limit.
+            poll_interval: Seconds between reads of the status, positive.
+
+        Returns:
+            The job's ``result``: its handler's return value (``None`` for none).
+
+        Raises:
+            JobFailedError: The job failed; the message quotes its last error.
+            CancelledJobError: The job was cancelled.
+            WaitTimeoutError: ``timeout`` passed first (also a ``TimeoutError``); the
+                job goes on.
+            JobNotFoundError: The job is not in the jobs database: called inside the
+                transaction that enqueued it, before it committed, or the job was
+                deleted.
+            InvalidArgumentError: For a bad ``timeout`` or ``poll_interval`` (its
+                ``field`` names it).
+        """
+        alias = self._state.db or conf.jobs_database()
+        wait = waiting.waiting(self.id, alias, timeout, poll_interval)
+        return waiting.wait_for(wait, in_transaction=connections[alias].in_atomic_block)
+
+    async def await_result(
+        self,
+        timeout: float | timedelta | None = None,
+        *,
+        poll_interval: float | timedelta = waiting.DEFAULT_POLL_INTERVAL,
+    ) -> Any:
+        """``wait()`` for async code: ``await job.await_result(timeout=30)``.
+
+        The same arguments, result and errors. It waits on an async connection of its
+        own, so no thread is held while it waits.
+        """
+        alias = self._state.db or conf.jobs_database()
+        wait = waiting.waiting(self.id, alias, timeout, poll_interval)
+        return await waiting.await_finish(wait, in_transaction=False)
+
     def cancel(self) -> bool:
         """Cancel this job (see ``JobQuerySet.cancel()``); True if anything changed.
 
@@ -509,6 +566,7 @@ _NEW_ROW_DEFAULTS: dict[str, Any] = {
     "unique_key": None,
     "concurrency_key": None,
     "held": False,
+    "awaited": False,
     "workflow_id": None,
 }
 
