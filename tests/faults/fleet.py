@@ -64,13 +64,15 @@ class Fleet:
         return output
 
 
-def enqueue_sql(conn: psycopg.Connection[Any], count: int, sleep: float = 0.0) -> None:
-    """Insert ``count`` due ``tests.durable`` jobs in one statement (no NOTIFY: workers
-    find them by polling, as after a restart)."""
+def enqueue_sql(
+    conn: psycopg.Connection[Any], count: int, sleep: float = 0.0, job_type: str = JOB_TYPE
+) -> None:
+    """Insert ``count`` due ``tests.durable`` jobs (or ``job_type``) in one statement
+    (no NOTIFY: workers find them by polling, as after a restart)."""
     conn.execute(
         "INSERT INTO pgqueue_jobs (job_type, data) "
         "SELECT %s, jsonb_build_object('sleep', %s::float8) FROM generate_series(1, %s)",
-        [JOB_TYPE, sleep, count],
+        [job_type, sleep, count],
     )
 
 
@@ -91,10 +93,10 @@ SELECT (SELECT count(*) FROM pgqueue_jobs WHERE job_type = %(t)s),
 """
 
 
-def execution_figures(conn: psycopg.Connection[Any]) -> dict[str, int]:
+def execution_figures(conn: psycopg.Connection[Any], job_type: str = JOB_TYPE) -> dict[str, int]:
     """Jobs, completed, lost (not completed or never run), executions, duplicates,
     overlaps (a run of a job starting before its previous run ended), attempts."""
-    row = conn.execute(_FIGURES, {"t": JOB_TYPE}).fetchone()
+    row = conn.execute(_FIGURES, {"t": job_type}).fetchone()
     assert row is not None
     jobs, completed, never_run, executions, distinct, overlaps, attempts = row
     return {
@@ -120,14 +122,18 @@ def duplicate_runs_by(conn: psycopg.Connection[Any]) -> list[tuple[Any, str]]:
 
 
 def wait_until_drained(
-    conn: psycopg.Connection[Any], deadline: float, fleet: Fleet | None = None
+    conn: psycopg.Connection[Any],
+    deadline: float,
+    fleet: Fleet | None = None,
+    job_type: str = JOB_TYPE,
 ) -> None:
-    """Wait until every ``tests.durable`` job is finished, or fail at ``deadline``."""
+    """Wait until every ``tests.durable`` job (or ``job_type``) is finished, or fail at
+    ``deadline``."""
     while time.monotonic() < deadline:
         left = conn.execute(
             "SELECT count(*) FROM pgqueue_jobs WHERE job_type = %s "
             "AND status NOT IN ('completed', 'failed', 'cancelled')",
-            [JOB_TYPE],
+            [job_type],
         ).fetchone()
         if left is not None and left[0] == 0:
             return

@@ -158,3 +158,7 @@ if os.environ.get("PGQUEUE_TEST_KEYED_JOBS"):
 # The same for a job type with a per-key rate.
 if os.environ.get("PGQUEUE_TEST_RATED_JOBS"):
     from . import rated_jobs  # noqa: F401
+# An async job type makes every worker start its event loop: only the tests of async
+# workers in separate processes register it (tests/faults/test_async_worker_crash.py).
+if os.environ.get("PGQUEUE_TEST_ASYNC_JOBS"):
+    from . import async_jobs  # noqa: F401
