@@ -50,6 +50,8 @@ class PgQueueSettings:
     PREFETCH: int = 100
     #: Most async handlers a worker runs at once on its event loop (0: none).
     ASYNC_CONCURRENCY: int = 100
+    #: Most process-isolated jobs a worker runs at once, each in a child process.
+    PROCESS_CONCURRENCY: int = 2
     RETRY_BACKOFF_BASE: float = 5.0
     RETRY_BACKOFF_MAX: float = 3600.0
     #: Most times a job may snooze (``raise Snooze(...)``); once more fails it (0: never).
@@ -199,6 +201,11 @@ def _validate(raw: dict[str, Any]) -> PgQueueSettings:
         raise SettingsError(
             "PGQUEUE['ASYNC_CONCURRENCY'] must be between 0 and 10000 (0: no async handlers), "
             f"got {result.ASYNC_CONCURRENCY}"
+        )
+    if not 0 <= result.PROCESS_CONCURRENCY <= 1000:
+        raise SettingsError(
+            "PGQUEUE['PROCESS_CONCURRENCY'] must be between 0 and 1000 (0: no process "
+            f"isolation), got {result.PROCESS_CONCURRENCY}"
         )
 
     try:

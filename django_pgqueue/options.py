@@ -149,6 +149,11 @@ class JobOptions(JobDefaults, total=False):
     timeout: float | timedelta | None
     """Limit on one attempt, in seconds or as a ``timedelta``; must be positive.
     ``None``: no limit. See [Set timeouts](../how-to/timeouts.md)."""
+    isolation: Literal["thread", "process"]
+    """Where a worker runs the handler: ``"thread"`` (the default), a thread of the worker
+    process; or ``"process"``, a child process of the worker, which a timeout or a
+    cancellation kills for real, and which is replaced after a crash. Not for ``async
+    def`` handlers. See [Isolate jobs in processes](../how-to/process-isolation.md)."""
     retry_backoff: RetryBackoff | None
     """Delay before a retry: a [`Backoff`][django_pgqueue.Backoff], or a callable that
     receives the number of the attempt that failed (1-based) and returns seconds.

@@ -57,6 +57,7 @@ class JobDefinition:
             async handler).
         is_async: Whether the handler is an ``async def`` function, which workers run on
             their event loop.
+        isolation: ``"thread"`` or ``"process"``, as given to ``@job``.
         unique_key: As given to ``@job`` (a string or a callable), or ``None``.
         unique_for: The window in seconds (a ``float``), or ``None``.
         schedule: As given to ``@job`` (normalised), or ``None``.
@@ -84,6 +85,7 @@ class JobDefinition:
         concurrency_key: ConcurrencyKey | None = None,
         rate_limit: Rate | None = None,
         rate_key: ConcurrencyKey | None = None,
+        isolation: str = "thread",
     ) -> None:
         self.func = func
         self.job_type = job_type
@@ -95,6 +97,8 @@ class JobDefinition:
         self.atomic = atomic
         #: Whether the handler is an ``async def`` function, run on the worker's event loop.
         self.is_async = is_async_handler(func)
+        #: ``"thread"`` or ``"process"``: where a worker runs the handler.
+        self.isolation = isolation
         #: Default ``unique_key`` of ``enqueue`` for this type (a string or a callable).
         self.unique_key = unique_key
         #: Default ``unique_for`` of ``enqueue`` for this type, in seconds.
@@ -187,6 +191,10 @@ def register_resolver(prefix: str, resolver: Resolver) -> None:
     """
     with _lock:
         _resolvers[prefix] = resolver
+
+
+#: Where a worker may run a handler (``@job(isolation=...)``).
+ISOLATIONS = ("thread", "process")
 
 
 def is_async_handler(func: Callable[..., Any]) -> bool:
@@ -364,6 +372,7 @@ def job(
             ``queue``, ``priority``, ``max_attempts`` (defaults of the type's enqueues),
             ``timeout``, ``retry_backoff``, ``atomic`` (default ``True``; an
             ``async def`` handler runs outside a transaction and refuses ``True``),
+            ``isolation`` (``"thread"``, the default, or ``"process"``),
             ``unique_key``, ``unique_for``, ``schedule``, ``concurrency``,
             ``concurrency_key``, ``rate_limit``, ``rate_key``. An undeclared keyword raises
             ``TypeError``.
@@ -385,8 +394,9 @@ def job(
             limit, when both are given and differ, when
             the decorated object is not callable or a worker could not run it (a
             generator function, or one that does not take the job as its one
-            positional argument), when ``atomic=True`` is given to an ``async def``
-            handler, or when
+            positional argument), when ``atomic=True`` or ``isolation="process"`` is
+            given to an ``async def`` handler, when ``isolation`` is neither
+            ``"thread"`` nor ``"process"``, or when
             the job type is already registered to a different function
             (registering the same function again, as a module reload does, is allowed),
             or starts with ``task:``, the prefix reserved for
@@ -406,6 +416,11 @@ def job(
     concurrency_key = options.get("concurrency_key")
     rate_limit = options.get("rate_limit")
     rate_key = options.get("rate_key")
+    isolation = options.get("isolation", "thread")
+    if isolation not in ISOLATIONS:
+        raise JobRegistrationError(
+            f"isolation must be one of {', '.join(map(repr, ISOLATIONS))}, got {isolation!r}"
+        )
     if callable(job_type):
         return job()(job_type)
     if job_type is not None:
@@ -456,6 +471,12 @@ def job(
             raise JobRegistrationError(f"@job must decorate a function, got {func!r}")
         name = job_type or f"{func.__module__}.{func.__qualname__}"
         validation.job_type(name)
+        if isolation == "process" and is_async_handler(func):
+            raise JobRegistrationError(
+                f"job type {name!r}: isolation='process' is for sync handlers; an async "
+                "handler runs on the worker's event loop. Make it a def handler, or drop "
+                "isolation"
+            )
         if atomic and is_async_handler(func):
             raise JobRegistrationError(
                 f"job type {name!r}: atomic=True cannot apply to an async handler, "
@@ -481,6 +502,7 @@ def job(
                 concurrency_key=concurrency_key,
                 rate_limit=rate,
                 rate_key=rate_key,
+                isolation=isolation,
             )
         )
 

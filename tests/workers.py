@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from django.db import connection
+from django.db import connection, connections
 
 from django_pgqueue.worker import Worker
 
@@ -44,6 +44,10 @@ def worker_thread(**options) -> Iterator[Worker]:
             worker.run()
         except BaseException as exc:  # surfaced in the test below
             errors.append(exc)
+        finally:
+            # As Django does at the end of a request: the worker's start-up queries
+            # (declared limits) opened this thread's connections.
+            connections.close_all()
 
     thread = threading.Thread(target=target, name="test-worker", daemon=True)
     thread.start()

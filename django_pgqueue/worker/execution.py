@@ -44,6 +44,11 @@ COMPLETED = JobStatus.COMPLETED.value
 FAILED = JobStatus.FAILED.value
 CANCELLED = JobStatus.CANCELLED.value
 
+# The kinds of slots (RunningJob.kind).
+THREAD = "thread"
+LOOP = "loop"
+PROCESS = "process"
+
 
 @dataclass
 class Outcome:
@@ -118,8 +123,13 @@ class RunningJob:
     #: ``time.monotonic()`` by which a slot must start it, or hand it back unstarted: a
     #: rate limit counted it as started then (the claim's ``p_start_within``).
     start_by: float | None = None
-    #: Whether it runs on the worker's event loop (an async handler), not in a thread.
-    on_loop: bool = False
+    #: Which kind of slot runs it: ``THREAD``, ``LOOP`` (the event loop, an async
+    #: handler) or ``PROCESS`` (a child process, ``isolation="process"``).
+    kind: str = "thread"
+
+    @property
+    def on_loop(self) -> bool:
+        return self.kind == LOOP
 
     def recorded_start(self) -> float | None:
         """What ``started_at`` becomes when the outcome is written: when a slot took

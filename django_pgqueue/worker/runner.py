@@ -37,7 +37,10 @@ from .claimed import claimed_jobs
 from .execution import (
     CANCELLED,
     COMPLETED,
+    LOOP,
     PENDING,
+    PROCESS,
+    THREAD,
     Outcome,
     RunningJob,
     handed_back,
@@ -47,8 +50,10 @@ from .execution import (
 )
 from .handback import forced_exit_outcomes, hand_back
 from .heartbeat import Heartbeat
+from .kinds import Pool, SideKind, SideKinds, kind_of
 from .listener import NotificationListener
 from .pacing import RatePacing, start_by
+from .process_slots import ProcessSlots
 from .slots import SlotPool
 
 logger = logging.getLogger("django_pgqueue.worker")
@@ -59,6 +64,7 @@ TIMEOUT_GRACE = 2.0
 MAX_BATCH_SIZE = 1000
 MAX_CONCURRENCY = 1000
 MAX_ASYNC_CONCURRENCY = 10000
+MAX_PROCESS_CONCURRENCY = 1000
 MAX_PREFETCH = 10000
 #: The prefetch buffer is sized so that a job waits in it about this long at most,
 #: judging by how long recent jobs ran: fast jobs get a deep buffer, slow ones none.
@@ -103,6 +109,15 @@ class Worker:
             starts only when async handlers are registered for the job types the worker
             runs; 0 with such handlers is refused. See
             [Run async handlers](../how-to/async-handlers.md).
+        process_concurrency: Most jobs of ``isolation="process"`` job types run at once,
+            each in a child process of the worker, 0 to 1000. Default:
+            ``PGQUEUE["PROCESS_CONCURRENCY"]`` (2). The children start only when such
+            job types are among those the worker runs; 0 with such types is refused.
+            See [Isolate jobs in processes](../how-to/process-isolation.md).
+        max_jobs_per_child: Replace a child process after it ran so many jobs
+            (``None``: never), 1 or more.
+        max_memory_per_child: Replace a child process once its peak memory passed so
+            many MiB, checked after each job (``None``: never), 1 or more.
         batch_size: Most jobs claimed per query, 1 to 1000 (default above, plus
             ``async_concurrency`` when the event loop runs).
         prefetch: Most claimed jobs held beyond the running ones while jobs are fast, 0
@@ -124,8 +139,9 @@ class Worker:
     Raises:
         InvalidWorkerOptionError: For an invalid option (an ``InvalidArgumentError``, so
             also a ``ValueError``); its ``field`` names the option, and
-            ``async_concurrency`` when it is 0 while async handlers are registered for
-            the job types the worker runs. Nothing was started.
+            ``async_concurrency`` (``process_concurrency``) when it is 0 while async
+            handlers (process-isolated ones) are registered for the job types the worker
+            runs. Nothing was started.
 
     Attributes:
         stats: A
@@ -143,6 +159,9 @@ class Worker:
         job_types: Sequence[str] | None = None,
         concurrency: int = 4,
         async_concurrency: int | None = None,
+        process_concurrency: int | None = None,
+        max_jobs_per_child: int | None = None,
+        max_memory_per_child: int | None = None,
         batch_size: int | None = None,
         prefetch: int | None = None,
         poll_interval: float | None = None,
@@ -160,6 +179,9 @@ class Worker:
                 job_types=job_types,
                 concurrency=concurrency,
                 async_concurrency=async_concurrency,
+                process_concurrency=process_concurrency,
+                max_jobs_per_child=max_jobs_per_child,
+                max_memory_per_child=max_memory_per_child,
                 batch_size=batch_size,
                 prefetch=prefetch,
                 poll_interval=poll_interval,
@@ -172,17 +194,20 @@ class Worker:
         if not self.worker_id or len(self.worker_id) > 255:
             raise InvalidWorkerOptionError("worker_id", "must be 1 to 255 characters")
         self.using = conf.jobs_database(using)
-        #: Job types with async handlers among those it runs: they run on its event loop.
-        self.async_job_types = self._find_async_job_types()
-        if batch_size is None and self.async_job_types:
-            self.batch_size: int = min(self.batch_size + self.async_concurrency, MAX_BATCH_SIZE)
+        #: Its event loop and child processes, with the job types each runs.
+        self.side_kinds = SideKinds.find(
+            self.job_types,
+            {
+                LOOP: (self.async_concurrency, "async_concurrency"),
+                PROCESS: (self.process_concurrency, "process_concurrency"),
+            },
+        )
+        if batch_size is None and self.side_kinds:
+            self.batch_size: int = min(self.batch_size + self.side_kinds.total_size, MAX_BATCH_SIZE)
         self.listen = settings.NOTIFY if listen is None else listen
         self._settings = settings
 
         self._running: dict[Any, RunningJob] = {}
-        #: How many held jobs (running, buffered or abandoned) are async ones.
-        self._held_on_loop = 0
-        self._async_slots: AsyncSlots | None = None
         self._abandoned: dict[Any, RunningJob] = {}
         self._finished: queue.SimpleQueue[tuple[RunningJob, Outcome]] = queue.SimpleQueue()
         self._outcomes: list[Outcome] = []
@@ -212,22 +237,30 @@ class Worker:
         """
         return sum(self.stats.values())
 
-    def _find_async_job_types(self) -> list[str]:
-        names = self.job_types if self.job_types is not None else registry.registered_job_types()
-        found = []
-        for name in names:
-            definition = registry.find_definition(name)
-            if definition is not None and definition.is_async:
-                found.append(name)
-        if found and not self.async_concurrency:
-            raise InvalidWorkerOptionError(
-                "async_concurrency",
-                f"is 0, but job type(s) {', '.join(sorted(found))} have async handlers that "
-                "this worker would claim and could not run. Give it async slots "
-                "(--async-concurrency, PGQUEUE['ASYNC_CONCURRENCY']), or leave those types "
-                "to other workers with job_types (--job-types)",
-            )
-        return found
+    @property
+    def async_job_types(self) -> list[str]:
+        """The job types it runs on its event loop (async handlers)."""
+        kind = self.side_kinds.get(LOOP)
+        return kind.job_types if kind else []
+
+    @property
+    def process_job_types(self) -> list[str]:
+        """The job types it runs in child processes (``isolation="process"``)."""
+        kind = self.side_kinds.get(PROCESS)
+        return kind.job_types if kind else []
+
+    def _make_pool(self, kind: SideKind) -> Pool:
+        if kind.name == LOOP:
+            return AsyncSlots(kind.size, self._on_job_done)
+        return ProcessSlots(
+            kind.size,
+            self.using,
+            self._on_job_done,
+            max_jobs_per_child=self.max_jobs_per_child,
+            max_memory_per_child=(
+                None if self.max_memory_per_child is None else self.max_memory_per_child << 20
+            ),
+        )
 
     def _configure(
         self,
@@ -237,6 +270,9 @@ class Worker:
         job_types: Sequence[str] | None,
         concurrency: int,
         async_concurrency: int | None,
+        process_concurrency: int | None,
+        max_jobs_per_child: int | None,
+        max_memory_per_child: int | None,
         batch_size: int | None,
         prefetch: int | None,
         poll_interval: float | None,
@@ -250,6 +286,22 @@ class Worker:
             "async_concurrency",
             MAX_ASYNC_CONCURRENCY,
             minimum=0,
+        )
+        self.process_concurrency = _bounded_int(
+            settings.PROCESS_CONCURRENCY if process_concurrency is None else process_concurrency,
+            "process_concurrency",
+            MAX_PROCESS_CONCURRENCY,
+            minimum=0,
+        )
+        self.max_jobs_per_child = (
+            None
+            if max_jobs_per_child is None
+            else _bounded_int(max_jobs_per_child, "max_jobs_per_child", 10**9)
+        )
+        self.max_memory_per_child = (
+            None
+            if max_memory_per_child is None
+            else _bounded_int(max_memory_per_child, "max_memory_per_child", 10**9)
         )
         self.prefetch = _bounded_int(
             settings.PREFETCH if prefetch is None else prefetch,
@@ -299,12 +351,13 @@ class Worker:
         """
         logger.info(
             "worker %s starting: queues=%s job_types=%s concurrency=%d async_concurrency=%d "
-            "prefetch=%d batch_size=%d",
+            "process_concurrency=%d prefetch=%d batch_size=%d",
             self.worker_id,
             ",".join(self.queues) if self.queues else "*",
             ",".join(self.job_types) if self.job_types else "*",
             self.concurrency,
-            self._loop_size(),
+            self.side_kinds.size(LOOP),
+            self.side_kinds.size(PROCESS),
             self.prefetch,
             self.batch_size,
         )
@@ -313,8 +366,7 @@ class Worker:
         self._sync_limits()
         self._check_release_channel()
         slots = SlotPool(self.concurrency, self.using, self._on_job_done)
-        if self.async_job_types:
-            self._async_slots = AsyncSlots(self.async_concurrency, self._on_job_done)
+        self.side_kinds.start(self._make_pool)
         threads = self._start_threads()
         try:
             self._loop(slots)
@@ -322,9 +374,7 @@ class Worker:
             self._drain_and_release(slots)
             self._mark_stopped()
             slots.stop()
-            if self._async_slots is not None:
-                self._async_slots.stop()
-                self._async_slots = None
+            self.side_kinds.stop()
             self._threads_stopping.set()
             for thread in threads:
                 # The listener is not waited for: it notices the stop within its 0.5 s
@@ -368,7 +418,7 @@ class Worker:
             os.getpid(),
             json.dumps(self.queues),
             json.dumps(self.job_types),
-            self.concurrency + self._loop_size(),
+            self.concurrency + self.side_kinds.total_size,
         ]
         failures = 0
         while True:
@@ -490,34 +540,21 @@ class Worker:
         return timeout
 
     def _room(self) -> int:
-        """How many more jobs to hold: free slots plus the prefetch buffer's room."""
-        return self._thread_room() + self._loop_room()
+        """How many more jobs to hold: free slots of every kind plus the prefetch
+        buffer's room."""
+        return self._thread_room() + self.side_kinds.room
 
     def _thread_room(self) -> int:
         """How many more sync jobs to hold: free slot threads and the prefetch buffer."""
-        held = len(self._running) + len(self._abandoned) - self._held_on_loop
-        return self.concurrency + self._prefetch_depth() - held
+        return self.concurrency + self._prefetch_depth() - self._held_by_threads()
 
-    def _loop_size(self) -> int:
-        """How many async jobs the event loop runs at once (0: it does not run)."""
-        return self.async_concurrency if self.async_job_types else 0
-
-    def _loop_room(self) -> int:
-        """How many more async jobs to hold: free places on the event loop."""
-        return self._loop_size() - self._held_on_loop
+    def _held_by_threads(self) -> int:
+        return len(self._running) + len(self._abandoned) - self.side_kinds.held
 
     def _claim_filter(self) -> tuple[list[str] | None, list[str] | None]:
         """The job types to claim and those to leave (``p_skip_job_types``): while one
-        kind of slot (threads, the event loop) has no room, only the other kind's jobs,
-        so that neither starves the other."""
-        if not self.async_job_types:
-            return self.job_types, None
-        thread_room, loop_room = self._thread_room(), self._loop_room()
-        if loop_room <= 0 < thread_room:
-            return self.job_types, self.async_job_types
-        if thread_room <= 0 < loop_room:
-            return self.async_job_types, None
-        return self.job_types, None
+        kind of slot has no room, only the other kinds' jobs (worker/kinds.py)."""
+        return self.side_kinds.claim_filter(self.job_types, self._thread_room())
 
     def _waiting_for_rate_limits(self) -> bool:
         """Whether due jobs of this worker are only waiting for a rate limit's window: a
@@ -531,13 +568,12 @@ class Worker:
         return bool(found and found[0])
 
     def _free_slots(self) -> int:
-        """Slots idle now, threads and places on the event loop: a job handed to one
-        starts at once."""
-        return self._free_threads() + max(self._loop_room(), 0)
+        """Slots idle now, of every kind: a job handed to one starts at once."""
+        free_elsewhere = sum(max(kind.room, 0) for kind in self.side_kinds.kinds)
+        return self._free_threads() + free_elsewhere
 
     def _free_threads(self) -> int:
-        held = len(self._running) + len(self._abandoned) - self._held_on_loop
-        return max(self.concurrency - held, 0)
+        return max(self.concurrency - self._held_by_threads(), 0)
 
     def _prefetch_depth(self) -> int:
         average = self._average_duration
@@ -570,7 +606,7 @@ class Worker:
             asked=asked,
             free=self._free_slots(),
             held=len(self._running) + len(self._abandoned),
-            concurrency=self.concurrency + self._loop_size(),
+            concurrency=self.concurrency + self.side_kinds.total_size,
             average=self._average_duration,
         )
         job_types, skip_job_types = self._claim_filter()
@@ -637,7 +673,7 @@ class Worker:
         the prefetch buffer. With ``sent_at`` (when the claim was sent), jobs with a
         start-by moment go first (pacing.py)."""
         free = self._free_threads()
-        free_on_loop = self._loop_room()
+        free_elsewhere = {kind.name: kind.room for kind in self.side_kinds.kinds}
         deadlines = [None if sent_at is None else start_by(job, sent_at) for job in jobs]
         batch = list(zip(jobs, deadlines, strict=True))
         if sent_at is not None:
@@ -650,18 +686,20 @@ class Worker:
                 continue
             # The slot sets the deadline when it starts the handler (execution.execute).
             definition = registry.find_definition(job.job_type)
-            if definition is not None and definition.is_async and self._async_slots:
+            kind = kind_of(definition)
+            side = self.side_kinds.get(kind) if kind != THREAD else None
+            if side is not None and side.pool is not None:
                 running = RunningJob(
                     job=job,
                     definition=definition,
-                    buffered=free_on_loop <= 0,
+                    buffered=free_elsewhere[kind] <= 0,
                     start_by=deadline,
-                    on_loop=True,
+                    kind=kind,
                 )
-                free_on_loop -= 1
-                self._held_on_loop += 1
+                free_elsewhere[kind] -= 1
+                side.held += 1
                 self._running[job.id] = running
-                self._async_slots.submit(running)
+                side.pool.submit(running)
                 continue
             running = RunningJob(
                 job=job,
@@ -705,8 +743,9 @@ class Worker:
             except queue.Empty:
                 return
             job_id = running.job.id
-            if running.on_loop:
-                self._held_on_loop -= 1
+            side = self.side_kinds.for_running(running)
+            if side is not None:
+                side.held -= 1
             if self._abandoned.pop(job_id, None) is not None:
                 continue  # its timeout outcome was recorded when it was abandoned
             self._running.pop(job_id, None)
@@ -749,12 +788,11 @@ class Worker:
     def _drain_and_release(self, slots: SlotPool) -> None:
         """Release the jobs no slot started yet, let running jobs finish within the grace
         period, then release the rest."""
-        unstarted = slots.take_unstarted()
-        if self._async_slots is not None:
-            unstarted += self._async_slots.take_unstarted()
-        for running in unstarted:
+        for running in slots.take_unstarted() + self.side_kinds.take_unstarted():
             self._running.pop(running.job.id, None)
-            self._held_on_loop -= running.on_loop
+            side = self.side_kinds.for_running(running)
+            if side is not None:
+                side.held -= 1
             self._outcomes.append(handed_back(running))
         self._reap()
         deadline = time.monotonic() + self.shutdown_grace
@@ -771,7 +809,8 @@ class Worker:
             running.cancel_event.set()
             self._outcomes.append(Outcome(job_id, PENDING, refund=1))
         self._running.clear()
-        self._held_on_loop = sum(running.on_loop for running in self._abandoned.values())
+        for kind in self.side_kinds.kinds:
+            kind.held = sum(running.kind == kind.name for running in self._abandoned.values())
         for attempt in range(3):
             try:
                 self._cycle(None)

@@ -162,3 +162,8 @@ if os.environ.get("PGQUEUE_TEST_RATED_JOBS"):
 # workers in separate processes register it (tests/faults/test_async_worker_crash.py).
 if os.environ.get("PGQUEUE_TEST_ASYNC_JOBS"):
     from . import async_jobs  # noqa: F401
+# The same for process-isolated job types (tests/test_worker_process_isolation.py).
+if os.environ.get("PGQUEUE_TEST_PROCESS_JOBS"):
+    from . import process_jobs
+
+    process_jobs.register()

@@ -49,6 +49,26 @@ class Command(BaseCommand):
             "while async handlers are registered for the job types it runs).",
         )
         parser.add_argument(
+            "--process-concurrency",
+            type=int,
+            default=None,
+            help="Process-isolated jobs (isolation='process') run at once, each in a "
+            "child process (default: PGQUEUE['PROCESS_CONCURRENCY'], 2 unless set).",
+        )
+        parser.add_argument(
+            "--max-jobs-per-child",
+            type=int,
+            default=None,
+            help="Replace a child process after it ran so many jobs (default: never).",
+        )
+        parser.add_argument(
+            "--max-memory-per-child",
+            type=int,
+            default=None,
+            help="Replace a child process once its peak memory passed so many MiB, "
+            "checked after each job (default: never).",
+        )
+        parser.add_argument(
             "--batch-size",
             type=int,
             default=None,
@@ -115,6 +135,9 @@ class Command(BaseCommand):
                 job_types=options["job_types"],
                 concurrency=options["concurrency"],
                 async_concurrency=options["async_concurrency"],
+                process_concurrency=options["process_concurrency"],
+                max_jobs_per_child=options["max_jobs_per_child"],
+                max_memory_per_child=options["max_memory_per_child"],
                 batch_size=options["batch_size"],
                 prefetch=options["prefetch"],
                 poll_interval=options["poll_interval"],

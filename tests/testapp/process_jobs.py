@@ -1,0 +1,53 @@
+"""Process-isolated job types for the tests of process isolation. Registered by
+``register()``: by those tests, and by the child processes of their workers, which
+inherit ``PGQUEUE_TEST_PROCESS_JOBS`` (see jobs.py). Registered for every test, they
+would make every worker start child processes."""
+
+import ctypes
+import os
+import signal
+import time
+
+from django_pgqueue import Backoff, job
+
+NO_BACKOFF = Backoff(base=0.05, max=0.1, jitter=False)
+
+
+def pid(job):
+    """Return the process id: a child's, not the worker's."""
+    return os.getpid()
+
+
+def hangs(job):
+    """Sleep for an hour with SIGUSR1 blocked: only SIGKILL ends it."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    time.sleep(3600)
+
+
+def sleeps(job):
+    """Sleep for an hour (SIGUSR1 ends it)."""
+    time.sleep(3600)
+
+
+def exits(job):
+    os._exit(3)
+
+
+def segfaults(job):
+    ctypes.string_at(0)
+
+
+def allocates(job):
+    """Hold ``data['mib']`` MiB for a moment, then return the process id."""
+    block = bytearray(job.data["mib"] << 20)
+    block[-1] = 1
+    return os.getpid()
+
+
+def register():
+    job("tests.process.pid", isolation="process")(pid)
+    job("tests.process.hangs", isolation="process", timeout=0.5, max_attempts=1)(hangs)
+    job("tests.process.sleeps", isolation="process")(sleeps)
+    job("tests.process.exits", isolation="process", max_attempts=2, retry_backoff=NO_BACKOFF)(exits)
+    job("tests.process.segfaults", isolation="process", max_attempts=1)(segfaults)
+    job("tests.process.allocates", isolation="process")(allocates)
