@@ -302,7 +302,7 @@ def harness_parser(description: str, extra: Sequence[str] = ()) -> argparse.Argu
     p.add_argument("--layout", default="1x4", help="PROCESSESxSLOTS")
     p.add_argument(
         "--kind",
-        choices=["noop", "cpu_flaky", "keyed", "rated_keys", "chord", "io_wait"],
+        choices=["noop", "cpu_flaky", "keyed", "rated_keys", "chord", "io_wait", "noop_isolated"],
         default="noop",
     )
     p.add_argument(

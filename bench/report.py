@@ -185,6 +185,8 @@ def targets(results: Results, ours: str = "pgqueue") -> list[Target]:
     w8 = results.find(ours, "W8", variant)
     w8_chain = results.find(ours, "W8-chain-p50")
     w7 = best_variant(results, ours, "W7")
+    w12 = results.find(ours, "W12", "1x4")
+    celery_prefork = results.find("celery", "W3", "prefork-4")
     w10 = results.find(ours, "W10", W10_LAYOUT)
     w10_peak = results.find(ours, "W10-peak", W10_LAYOUT)
     limit = results.meta.get("w10_rate")
@@ -261,6 +263,14 @@ def targets(results: Results, ours: str = "pgqueue") -> list[Target]:
             5_000,
             unit="jobs/s",
             detail=f"layout {w7.variant if w7 else '-'}",
+        ),
+        Target(
+            "W12 no-op jobs in 4 child processes, vs Celery's prefork pool",
+            _ratio(w12.median if w12 else None, celery_prefork.median if celery_prefork else None),
+            0.5,
+            unit="x",
+            detail=f"Celery prefork-4 W3: "
+            f"{_fmt_rate(celery_prefork.median if celery_prefork else None)} jobs/s",
         ),
         Target(
             "W10 rate kept, off the limit by",
@@ -439,6 +449,7 @@ def markdown(results: Results) -> str:
             out.append(f"| {_system_label(results, system.name)} | " + " | ".join(cells) + " |")
     out += _against_celery(results)
     out += _io_section(results)
+    out += _process_section(results)
     limit = meta.get("w10_rate")
     out += [
         "",
@@ -523,6 +534,49 @@ def _io_section(results: Results) -> list[str]:
         "| System | Slots | W7 (jobs/s) | django-pgqueue's best / this |",
         "|---|---|---|---|",
         *rows,
+    ]
+
+
+def _process_section(results: Results) -> list[str]:
+    """W12: no-op jobs through process slots beside the same through threads (W3 in
+    1x4), the cost of isolation per job, and Celery's prefork pool when measured."""
+    isolated = results.find("pgqueue", "W12", "1x4")
+    if isolated is None or isolated.median is None:
+        return []
+    threads = results.find("pgqueue", "W3", "1x4")
+    rows = [
+        f"| django-pgqueue, 4 child processes (`--process-concurrency 4`) | "
+        f"{isolated.cell('jobs/s')} | 1.00x |"
+    ]
+    overhead = ""
+    if threads is not None and threads.median:
+        rows.append(
+            f"| django-pgqueue, 4 threads (W3, `--concurrency 4`) | {threads.cell('jobs/s')} | "
+            f"{isolated.median / threads.median:.2f}x |"
+        )
+        per_job = (1 / isolated.median - 1 / threads.median) * 1000 * 4
+        overhead = (
+            f"Process isolation costs about {per_job:.2f} ms of a slot's time per job "
+            "(a pipe round trip to the child, the job pickled there and the outcome back)."
+        )
+    for name, how in CELERY_ROWS:
+        prefork = results.find(name, "W3", "prefork-4")
+        if prefork is not None and prefork.median:
+            rows.append(
+                f"| Celery {how}, prefork pool (W3, `--concurrency 4`) | "
+                f"{prefork.cell('jobs/s')} | {isolated.median / prefork.median:.2f}x |"
+            )
+    return [
+        "",
+        "## Process isolation (W12)",
+        "",
+        'No-op jobs of an `isolation="process"` job type, one worker process with 4 '
+        "child processes, beside the same jobs on 4 threads and Celery's prefork pool.",
+        "",
+        "| Run | Jobs/s | W12 / this |",
+        "|---|---|---|",
+        *rows,
+        *(["", overhead] if overhead else []),
     ]
 
 

@@ -100,6 +100,8 @@ class Sizes:
     w8_chain: int = 1_000
     #: W7: jobs each awaiting ``IO_WAIT_SECONDS`` of simulated I/O, one worker process.
     w7: int = 10_000
+    #: W12: no-op jobs through process slots (``isolation="process"``), 1 x 4.
+    w12: int = 5_000
 
     def describe(self) -> str:
         return (
@@ -108,7 +110,8 @@ class Sizes:
             f"{W9_KEYS:,} keys, W10 {self.w10_rate}/s for {self.w10_seconds:g} s, W11 "
             f"{self.w11:,} over {W9_KEYS:,} keys at {W11_RATE}/s each, W8 a chord of "
             f"{self.w8 - 1:,} jobs and a callback, and a chain of {self.w8_chain:,} steps, "
-            f"W7 {self.w7:,} jobs awaiting {IO_WAIT_SECONDS * 1000:g} ms each"
+            f"W7 {self.w7:,} jobs awaiting {IO_WAIT_SECONDS * 1000:g} ms each, W12 "
+            f"{self.w12:,} no-op jobs in child processes"
         )
 
 
@@ -128,6 +131,7 @@ QUICK = Sizes(
     w8=2_501,
     w8_chain=200,
     w7=5_000,
+    w12=2_000,
 )
 SMOKE = Sizes(
     100,
@@ -146,6 +150,7 @@ SMOKE = Sizes(
     w8=201,
     w8_chain=20,
     w7=200,
+    w12=100,
 )
 
 
@@ -155,6 +160,8 @@ NO_PER_KEY_LIMITS = "n/a: no per-key concurrency limit"
 NO_RATE_LIMITS = "n/a: no cluster-wide rate limit"
 #: Why a peer has no W8 figure.
 NO_WORKFLOWS = "n/a: no workflows (chords, chains)"
+#: Why a peer has no W12 figure.
+NO_PROCESS_ISOLATION = "n/a: no per-job-type process isolation"
 #: Why a Redis-based peer has no W5 figure.
 NO_FINISHED_ROWS = "n/a: Redis keeps no finished jobs for a drain to pass over"
 #: What Celery lacks of the workloads, whatever its Redis.
@@ -163,6 +170,7 @@ CELERY_UNSUPPORTED = {
     "W9": NO_PER_KEY_LIMITS,
     "W10": "n/a: its rate_limit is per worker process, not cluster-wide",
     "W11": NO_RATE_LIMITS,
+    "W12": "n/a: its prefork pool is its W3 figure in `prefork-4`",
 }
 CELERY_LAYOUTS = {
     "prefork-4": "1 worker, prefork pool, `--concurrency 4`",
@@ -242,6 +250,7 @@ SYSTEMS = [
         unsupported={
             "W8": NO_WORKFLOWS,
             "W9": "n/a: not measured yet (its `lock` runs one job per key)",
+            "W12": NO_PROCESS_ISOLATION,
             "W10": NO_RATE_LIMITS,
             "W11": NO_RATE_LIMITS,
         },
@@ -263,6 +272,7 @@ SYSTEMS = [
             "W7": "n/a: not measured yet",
             "W10": "n/a: not measured yet (its entrypoints take `requests_per_second`)",
             "W11": "n/a: no per-key rate limit",
+            "W12": NO_PROCESS_ISOLATION,
         },
         notes=(
             "asyncpg driver; finished jobs leave its queue table for `pgqueuer_log`, so W5's "
@@ -283,6 +293,7 @@ SYSTEMS = [
             "W9": NO_PER_KEY_LIMITS,
             "W10": NO_RATE_LIMITS,
             "W11": NO_RATE_LIMITS,
+            "W12": NO_PROCESS_ISOLATION,
         },
         notes=(
             "Django 5.2 with the django-tasks backport; no bulk enqueue API (W2 is a loop, one "
@@ -321,7 +332,7 @@ SYSTEMS = [
     ),
 ]
 PEER_EXTRA_LAYOUT = {"2x2": "2 processes x concurrency 2"}
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W10", "W11")
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W10", "W11", "W12")
 ALL_NAMES = [spec.name for spec in SYSTEMS] + ["pgbench"]
 #: Run when --systems is not given. Celery is run when named: with its untimed enqueues
 #: at 1,300-3,000 tasks a second it would double a full run's 20 minutes.
@@ -1133,6 +1144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 bench.drain("W6", sizes.w6, kind="cpu_flaky")
             if "W7" in bench.workloads:
                 bench.drain("W7", sizes.w7, kind="io_wait")
+            if "W12" in bench.workloads:
+                bench.drain("W12", sizes.w12, kind="noop_isolated")
             if "W8" in bench.workloads:
                 bench.drain("W8", sizes.w8, kind="chord")
                 bench.chain_latency()

@@ -72,12 +72,16 @@ def test_bench_smoke_run_measures_every_workload(tmp_path: Path) -> None:
     assert re.fullmatch(r"[\d,.]+", chain_p50) and re.fullmatch(r"[\d,.]+", chain_p95), first
     # Every target is judged; the ones needing peers or pgbench say n/a.
     verdicts = re.findall(r"^(PASS|MISS|n/a )\s", result.stdout, re.MULTILINE)
-    assert len(verdicts) == 14, result.stdout[-2000:]
+    assert len(verdicts) == 15, result.stdout[-2000:]
     # W7: async handlers awaiting I/O, one process, with the ratio to our best.
     io_bound = report.split("## I/O-bound jobs (W7)", 1)[1].split("\n## ", 1)[0]
     ours = next(line for line in io_bound.splitlines() if "--async-concurrency 500" in line)
     rate, ratio = (cell.strip() for cell in ours.strip("|").split("|")[2:4])
     assert re.fullmatch(r"[\d,.]+", rate) and ratio == "1.00x", ours
+    # W12: no-op jobs in child processes, beside the same on threads.
+    isolated = report.split("## Process isolation (W12)", 1)[1].split("\n## ", 1)[0]
+    assert "4 child processes" in isolated and "4 threads (W3" in isolated, isolated
+    assert "ms of a slot's time per job" in isolated, isolated
     # W10: the rate limit kept, never exceeded in any second.
     assert re.search(r"^PASS  W10 most starts in any second", result.stdout, re.M), result.stdout
     lines = report.splitlines()
@@ -159,7 +163,7 @@ def test_workloads_can_be_chosen_and_unknown_ones_are_refused() -> None:
     assert run.parse_args(["--workloads", "w1, W3"]).workloads == {"W1", "W3"}
     assert run.parse_args([]).workloads == set(run.WORKLOADS)
     with pytest.raises(SystemExit):
-        run.parse_args(["--workloads", "W12"])
+        run.parse_args(["--workloads", "W13"])
 
 
 def test_each_run_starts_with_the_next_system() -> None:

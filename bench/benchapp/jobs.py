@@ -39,3 +39,5 @@ if os.environ.get("BENCH_RATED_KEYS"):
     from . import rated_keys_jobs  # noqa: F401
 if os.environ.get("BENCH_ASYNC_JOBS"):
     from . import async_jobs  # noqa: F401
+if os.environ.get("BENCH_PROCESS_JOBS"):
+    from . import process_jobs  # noqa: F401

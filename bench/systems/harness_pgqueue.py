@@ -213,13 +213,17 @@ def drain(args: Any) -> dict[str, Any]:
         _execute("TRUNCATE pgqueue_rate_starts")
     if args.kind == "io_wait":
         os.environ["BENCH_ASYNC_JOBS"] = "1"  # the workers run async slots (worker())
-        import bench.benchapp.async_jobs  # noqa: F401  (registers bench.io_wait)
+        import bench.benchapp.async_jobs
+    if args.kind == "noop_isolated":
+        os.environ["BENCH_PROCESS_JOBS"] = "1"  # the workers run process slots
+        import bench.benchapp.process_jobs  # noqa: F401  (registers bench.noop_isolated)
     job_type = {
         "noop": "bench.noop",
         "cpu_flaky": "bench.cpu_flaky",
         "keyed": "bench.keyed",
         "rated_keys": "bench.rated_keys",
         "io_wait": "bench.io_wait",
+        "noop_isolated": "bench.noop_isolated",
     }
     keys = common.W9_KEYS if args.kind in ("keyed", "rated_keys") else 0
     enqueue_seconds = 0.0
@@ -342,6 +346,9 @@ def worker(args: Any) -> None:
     if os.environ.get("BENCH_ASYNC_JOBS"):
         # W7: its slots are places on the event loop; one thread for sync jobs.
         options = ["--concurrency", "1", "--async-concurrency", str(args.slots)]
+    elif os.environ.get("BENCH_PROCESS_JOBS"):
+        # W12: its slots are child processes; one thread for sync jobs.
+        options = ["--concurrency", "1", "--process-concurrency", str(args.slots)]
     else:
         options = ["--concurrency", str(args.slots)]
     options += ["--log-level", "ERROR"]
