@@ -116,7 +116,9 @@ def test_a_child_is_replaced_after_max_jobs_per_child():
     assert first == second != third
 
 
-def test_a_child_is_replaced_once_its_memory_passed_the_limit():
+def test_a_child_is_replaced_once_its_memory_passed_the_limit(monkeypatch):
+    # Read only before each job starts: the big job's peak is seen after it returned.
+    monkeypatch.setattr(process_slots, "MEMORY_CHECK_INTERVAL", 3600)
     big = enqueue("tests.process.allocates", {"mib": 200}, priority=200)
     small = enqueue("tests.process.allocates", {"mib": 1}, priority=100)
     last = enqueue("tests.process.pid", priority=1)
@@ -130,6 +132,32 @@ def test_a_child_is_replaced_once_its_memory_passed_the_limit():
     assert refreshed(big).status == JobStatus.COMPLETED
     # The child that held 200 MiB was replaced; the next one stayed under the limit.
     assert refreshed(big).result != refreshed(small).result == refreshed(last).result
+
+
+def test_a_job_holding_more_memory_than_the_limit_is_killed_and_fails():
+    hogging = enqueue("tests.process.hogs", {"mib": 300})
+    after = enqueue("tests.process.pid", priority=1)
+
+    run_burst(process_concurrency=1, max_memory_per_child=150)
+
+    hogging = refreshed(hogging)
+    assert hogging.status == JobStatus.FAILED
+    assert hogging.last_error == (
+        "MemoryError: its process went past the memory limit of 150 MiB "
+        "(--max-memory-per-child) and was killed"
+    )
+    assert refreshed(after).status == JobStatus.COMPLETED
+
+
+def test_process_jobs_wait_for_a_free_child_while_thread_jobs_run():
+    sleeping = enqueue("tests.process.sleeps", priority=200)
+    recorded = enqueue_many([{"job_type": "tests.returns", "data": {"n": n}} for n in range(3)])
+
+    with worker_thread(concurrency=1, process_concurrency=1, shutdown_grace=0.2):
+        wait_for(lambda: refreshed(sleeping).status == JobStatus.RUNNING)
+        # Its only child is busy: the thread slot still runs the sync jobs.
+        wait_for(lambda: all(refreshed(j).status == JobStatus.COMPLETED for j in recorded))
+        assert refreshed(sleeping).status == JobStatus.RUNNING
 
 
 def test_a_stopping_worker_hands_back_a_process_job_still_running_after_the_grace():

@@ -13,6 +13,8 @@ cancellation is asked, or the child dies. What holds:
 - A killed or dead child is replaced before the slot's next job; so is one that ran
   ``max_jobs_per_child`` jobs or whose peak memory passed ``max_memory_per_child``
   (recycling, as Celery's ``--max-tasks-per-child`` and ``--max-memory-per-child``).
+  A child found holding more than ``max_memory_per_child`` while its job runs is
+  killed, and the attempt fails with a ``MemoryError``.
 - Killing is ``SIGUSR1`` (the child exits, running the handler's ``finally`` blocks),
   then ``SIGKILL`` after ``KILL_GRACE`` seconds.
 """
@@ -43,6 +45,8 @@ KILL_GRACE = 5.0
 START_TIMEOUT = 120.0
 #: How often a slot looks at its running job's deadline and cancellation.
 WATCH_INTERVAL = 0.05
+#: How often a slot reads its running child's memory, with ``max_memory_per_child``.
+MEMORY_CHECK_INTERVAL = 0.25
 
 _STOP = object()
 
@@ -145,6 +149,7 @@ class _Slot(threading.Thread):
         self._process: BaseProcess | None = None
         self._conn: Connection | None = None
         self._jobs_run = 0
+        self._next_memory_check = 0.0
 
     def run(self) -> None:
         try:
@@ -182,6 +187,16 @@ class _Slot(threading.Thread):
             if running.cancel_event.is_set():
                 self._kill(f"job {job.id} was cancelled")
                 return Outcome(job.id, CANCELLED, error="cancelled: its process was killed")
+            if self._over_memory(process):
+                limit = (self._max_memory or 0) >> 20
+                self._kill(f"job {job.id} took its process past {limit} MiB")
+                return retry_or_fail(
+                    running,
+                    f"MemoryError: its process went past the memory limit of {limit} MiB "
+                    "(--max-memory-per-child) and was killed",
+                    "",
+                    None,
+                )
             if deadline is not None and time.monotonic() >= deadline:
                 self._kill(f"job {job.id} ran past its timeout of {timeout:g}s")
                 return retry_or_fail(
@@ -192,6 +207,18 @@ class _Slot(threading.Thread):
                 )
             if not process.is_alive():
                 return self._died(running, process)
+
+    def _over_memory(self, process: BaseProcess) -> bool:
+        """Whether the running child holds more than ``max_memory_per_child`` now (read
+        from /proc at most every ``MEMORY_CHECK_INTERVAL`` seconds; Linux only)."""
+        if self._max_memory is None or process.pid is None:
+            return False
+        now = time.monotonic()
+        if now < self._next_memory_check:
+            return False
+        self._next_memory_check = now + MEMORY_CHECK_INTERVAL
+        resident = _resident_memory(process.pid)
+        return resident is not None and resident > self._max_memory
 
     def _received(self, running: RunningJob, process: BaseProcess, conn: Connection) -> Outcome:
         try:
@@ -266,6 +293,18 @@ def _kill(process: BaseProcess) -> None:
     if process.is_alive():
         process.kill()
         process.join(KILL_GRACE)
+
+
+def _resident_memory(pid: int) -> int | None:
+    """The memory process ``pid`` holds now, in bytes (``VmRSS``; None off Linux)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def _how_it_ended(exitcode: int | None) -> str:

@@ -44,6 +44,13 @@ def allocates(job):
     return os.getpid()
 
 
+def hogs(job):
+    """Hold ``data['mib']`` MiB for ten seconds."""
+    block = b"x" * (job.data["mib"] << 20)
+    time.sleep(10)
+    return len(block)
+
+
 def register():
     job("tests.process.pid", isolation="process")(pid)
     job("tests.process.hangs", isolation="process", timeout=0.5, max_attempts=1)(hangs)
@@ -51,3 +58,4 @@ def register():
     job("tests.process.exits", isolation="process", max_attempts=2, retry_backoff=NO_BACKOFF)(exits)
     job("tests.process.segfaults", isolation="process", max_attempts=1)(segfaults)
     job("tests.process.allocates", isolation="process")(allocates)
+    job("tests.process.hogs", isolation="process", max_attempts=1)(hogs)
