@@ -51,6 +51,13 @@ def hogs(job):
     return len(block)
 
 
+def durable_process(job):
+    """``tests.durable`` in a child process (tests/faults/test_process_worker_crash.py)."""
+    from .jobs import _record_execution
+
+    _record_execution(job)
+
+
 def register():
     job("tests.process.pid", isolation="process")(pid)
     job("tests.process.hangs", isolation="process", timeout=0.5, max_attempts=1)(hangs)
@@ -59,3 +66,6 @@ def register():
     job("tests.process.segfaults", isolation="process", max_attempts=1)(segfaults)
     job("tests.process.allocates", isolation="process")(allocates)
     job("tests.process.hogs", isolation="process", max_attempts=1)(hogs)
+    job("tests.durable_process", isolation="process", max_attempts=50, retry_backoff=NO_BACKOFF)(
+        durable_process
+    )
