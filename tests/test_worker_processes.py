@@ -1,6 +1,8 @@
 """Real ``pgqueue_worker`` processes: crashes, signals, heartbeats and recovery."""
 
+import multiprocessing
 import signal
+import subprocess
 from datetime import timedelta
 from io import StringIO
 
@@ -12,6 +14,7 @@ from django_pgqueue import enqueue
 from django_pgqueue.models import Job, JobStatus
 from django_pgqueue.recovery import recover_stale_jobs
 from django_pgqueue.sideconn import open_raw_connection
+from tests.testapp import async_jobs, process_jobs
 from tests.testapp.models import Execution
 from tests.workers import WorkerProcess, wait_for
 
@@ -24,8 +27,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def workers():
     started: list[WorkerProcess] = []
 
-    def start(*args: str) -> WorkerProcess:
-        process = WorkerProcess("--poll-interval", "0.2", *args)
+    def start(*args: str, env: dict[str, str] | None = None) -> WorkerProcess:
+        process = WorkerProcess("--poll-interval", "0.2", *args, env=env)
         started.append(process)
         return process
 
@@ -236,3 +239,46 @@ def test_recover_command_rejects_a_stale_after_that_is_not_a_positive_duration(v
 
     with pytest.raises(CommandError, match="stale_after must be a positive number of seconds"):
         call_command("pgqueue_recover", "--stale-after", value)
+
+
+def test_sigterm_with_threads_the_event_loop_and_child_processes_running(workers, clean_registry):
+    async_jobs.register()  # to enqueue them here; the worker registers them itself
+    process_jobs.register()
+    quick = [
+        enqueue("tests.record", {"sleep": 1}),
+        enqueue("tests.durable_async", {"sleep": 1}),
+        enqueue("tests.durable_process", {"sleep": 1}),
+    ]
+    slow = [
+        enqueue("tests.record", {"sleep": 60}),
+        enqueue("tests.durable_async", {"sleep": 60}),
+        enqueue("tests.process.sleeps"),
+    ]
+    worker = workers(
+        "--concurrency",
+        "2",
+        "--async-concurrency",
+        "2",
+        "--process-concurrency",
+        "2",
+        "--shutdown-grace",
+        "6",
+        env={"PGQUEUE_TEST_ASYNC_JOBS": "1", "PGQUEUE_TEST_PROCESS_JOBS": "1"},
+    )
+    wait_for(lambda: all(status_of(job) == JobStatus.RUNNING for job in quick + slow))
+    worker.signal(signal.SIGTERM)
+
+    assert worker.wait(timeout=30) == 0, worker.output()
+    # Each quick one finished within the grace period; each slow one was handed back
+    # with its attempt given back, whichever kind of slot ran it.
+    assert [status_of(job) for job in quick] == [JobStatus.COMPLETED] * 3, worker.output()
+    for job in slow:
+        job.refresh_from_db()
+        assert (job.status, job.attempts) == (JobStatus.PENDING, 0), worker.output()
+    assert multiprocessing.active_children() == []
+    assert not _processes_running("spawn_main"), "a child process outlived its worker"
+
+
+def _processes_running(pattern: str) -> list[str]:
+    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
+    return found.stdout.split()

@@ -1,5 +1,6 @@
-"""An async job type for worker processes started by the fault tests (registered only
-when ``PGQUEUE_TEST_ASYNC_JOBS`` is set: see jobs.py)."""
+"""An async job type for worker processes started by tests (registered by
+``register()``: by those tests, and by their workers when ``PGQUEUE_TEST_ASYNC_JOBS`` is
+set, see jobs.py)."""
 
 import asyncio
 
@@ -10,7 +11,6 @@ from django_pgqueue import Backoff, job
 from .models import Execution
 
 
-@job("tests.durable_async", max_attempts=50, retry_backoff=Backoff(base=0.05, max=0.1))
 async def durable_async(job):
     """``tests.durable`` as an async handler: await ``data['sleep']`` seconds, then
     record the execution through the async ORM."""
@@ -22,4 +22,10 @@ async def durable_async(job):
         attempt=job.attempts,
         started_at=started,
         finished_at=timezone.now(),
+    )
+
+
+def register():
+    job("tests.durable_async", max_attempts=50, retry_backoff=Backoff(base=0.05, max=0.1))(
+        durable_async
     )

@@ -161,7 +161,9 @@ if os.environ.get("PGQUEUE_TEST_RATED_JOBS"):
 # An async job type makes every worker start its event loop: only the tests of async
 # workers in separate processes register it (tests/faults/test_async_worker_crash.py).
 if os.environ.get("PGQUEUE_TEST_ASYNC_JOBS"):
-    from . import async_jobs  # noqa: F401
+    from . import async_jobs
+
+    async_jobs.register()
 # The same for process-isolated job types (tests/test_worker_process_isolation.py).
 if os.environ.get("PGQUEUE_TEST_PROCESS_JOBS"):
     from . import process_jobs
