@@ -207,6 +207,16 @@ def test_a_handler_the_child_cannot_find_fails_with_a_clear_error():
     )
 
 
+def test_pool_process_runs_every_sync_handler_in_a_child():
+    plain = enqueue("tests.process.plain_pid")
+    run_burst(pool="process", process_concurrency=1)
+    assert refreshed(plain).result != os.getpid()
+
+    in_thread = enqueue("tests.process.plain_pid")
+    run_burst(process_concurrency=1)
+    assert refreshed(in_thread).result == os.getpid()
+
+
 # -- bad input --------------------------------------------------------------------------
 
 
@@ -225,6 +235,8 @@ def test_a_worker_without_process_slots_refuses_to_start_with_isolated_job_types
         ({"max_jobs_per_child": 0}, "max_jobs_per_child"),
         ({"max_memory_per_child": 0}, "max_memory_per_child"),
         ({"max_memory_per_child": 1.5}, "max_memory_per_child"),
+        ({"pool": "fork"}, "pool"),
+        ({"pool": "process", "process_concurrency": 0}, "process_concurrency"),
     ],
 )
 def test_invalid_process_options_are_refused(options, field):

@@ -54,27 +54,36 @@ class SideKinds:
     """The worker's side kinds that run at least one of its job types."""
 
     kinds: list[SideKind] = field(default_factory=list)
+    #: ``THREAD``, or ``PROCESS`` when every sync job runs in a child (``pool``): which
+    #: kind runs the job types no other kind claims, unknown ones included.
+    pool: str = THREAD
 
     @classmethod
-    def find(cls, job_types: Iterable[str] | None, sizes: dict[str, tuple[int, str]]) -> SideKinds:
+    def find(
+        cls,
+        job_types: Iterable[str] | None,
+        sizes: dict[str, tuple[int, str]],
+        pool: str = THREAD,
+    ) -> SideKinds:
         """The side kinds of these job types (``None``: every registered one); ``sizes``
         gives each kind's size and the option that sets it. A kind with job types and
-        size 0 is refused: the worker would claim jobs it cannot run."""
+        size 0 is refused: the worker would claim jobs it cannot run. With ``pool``
+        ``PROCESS``, the child processes run every sync job type."""
         names = list(job_types) if job_types is not None else registry.registered_job_types()
         found: dict[str, list[str]] = {LOOP: [], PROCESS: []}
         for name in names:
-            definition = registry.find_definition(name)
-            kind = kind_of(definition)
+            kind = kind_of(registry.find_definition(name), pool)
             if kind != THREAD:
                 found[kind].append(name)
         kinds = []
         for name, types in found.items():
             size, option = sizes[name]
-            if types and not size:
-                raise InvalidWorkerOptionError(option, _refusal(name, types))
-            if types:
+            catch_all = name == pool
+            if (types or catch_all) and not size:
+                raise InvalidWorkerOptionError(option, _refusal(name, types, catch_all))
+            if types or catch_all:
                 kinds.append(SideKind(name, types, size))
-        return cls(kinds)
+        return cls(kinds, pool)
 
     def __bool__(self) -> bool:
         return bool(self.kinds)
@@ -119,30 +128,36 @@ class SideKinds:
         self, job_types: list[str] | None, thread_room: int
     ) -> tuple[list[str] | None, list[str] | None]:
         """The job types to claim and those to leave (``p_skip_job_types``) while some
-        kind has no room: only the kinds with room get jobs."""
-        if not self.kinds:
+        kind has no room: only the kinds with room get jobs. ``thread_room``: the room
+        of the threads, the kind that runs every other job type (unless ``pool``)."""
+        others = [kind for kind in self.kinds if kind.name != self.pool]
+        catch_all = self.get(self.pool)
+        room = catch_all.room if catch_all is not None else thread_room
+        if not others:
             return job_types, None
-        full = [name for kind in self.kinds if kind.room <= 0 for name in kind.job_types]
-        if thread_room > 0:
+        full = [name for kind in others if kind.room <= 0 for name in kind.job_types]
+        if room > 0:
             return job_types, full or None
-        with_room = [name for kind in self.kinds if kind.room > 0 for name in kind.job_types]
+        with_room = [name for kind in others if kind.room > 0 for name in kind.job_types]
         return (with_room or job_types), None
 
     def for_running(self, running: RunningJob) -> SideKind | None:
         return None if running.kind == THREAD else self.get(running.kind)
 
 
-def kind_of(definition: JobDefinition | None) -> str:
+def kind_of(definition: JobDefinition | None, pool: str = THREAD) -> str:
     """Which kind of slot runs jobs of ``definition``: ``THREAD``, ``LOOP`` or
-    ``PROCESS`` (an unknown job type runs in a thread, where it fails as unknown)."""
-    if definition is None:
-        return THREAD
-    if definition.is_async:
+    ``PROCESS``. An unknown job type runs where ``pool`` says, and fails as unknown."""
+    if definition is not None and definition.is_async:
         return LOOP
-    return PROCESS if definition.isolation == "process" else THREAD
+    if pool == PROCESS or (definition is not None and definition.isolation == "process"):
+        return PROCESS
+    return THREAD
 
 
-def _refusal(kind: str, job_types: list[str]) -> str:
+def _refusal(kind: str, job_types: list[str], catch_all: bool) -> str:
+    if catch_all:
+        return "must be 1 or more with pool='process' (--pool process): children run every job"
     names = ", ".join(sorted(job_types))
     if kind == LOOP:
         return (

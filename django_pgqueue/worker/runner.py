@@ -117,7 +117,11 @@ class Worker:
         max_jobs_per_child: Replace a child process after it ran so many jobs
             (``None``: never), 1 or more.
         max_memory_per_child: Replace a child process once its peak memory passed so
-            many MiB, checked after each job (``None``: never), 1 or more.
+            many MiB, checked after each job (``None``: never), 1 or more; a child
+            holding more while its job runs is killed.
+        pool: ``"thread"`` (the default): sync handlers run in threads, but those of
+            ``isolation="process"`` job types; ``"process"``: every sync handler runs
+            in a child process, and ``concurrency`` threads stay idle.
         batch_size: Most jobs claimed per query, 1 to 1000 (default above, plus
             ``async_concurrency`` when the event loop runs).
         prefetch: Most claimed jobs held beyond the running ones while jobs are fast, 0
@@ -162,6 +166,7 @@ class Worker:
         process_concurrency: int | None = None,
         max_jobs_per_child: int | None = None,
         max_memory_per_child: int | None = None,
+        pool: str = THREAD,
         batch_size: int | None = None,
         prefetch: int | None = None,
         poll_interval: float | None = None,
@@ -194,6 +199,10 @@ class Worker:
         if not self.worker_id or len(self.worker_id) > 255:
             raise InvalidWorkerOptionError("worker_id", "must be 1 to 255 characters")
         self.using = conf.jobs_database(using)
+        if pool not in (THREAD, PROCESS):
+            raise InvalidWorkerOptionError("pool", f"must be 'thread' or 'process', got {pool!r}")
+        #: Where sync handlers run: ``"thread"``, or ``"process"`` (all in children).
+        self.pool = pool
         #: Its event loop and child processes, with the job types each runs.
         self.side_kinds = SideKinds.find(
             self.job_types,
@@ -201,6 +210,7 @@ class Worker:
                 LOOP: (self.async_concurrency, "async_concurrency"),
                 PROCESS: (self.process_concurrency, "process_concurrency"),
             },
+            pool,
         )
         if batch_size is None and self.side_kinds:
             self.batch_size: int = min(self.batch_size + self.side_kinds.total_size, MAX_BATCH_SIZE)
@@ -351,13 +361,14 @@ class Worker:
         """
         logger.info(
             "worker %s starting: queues=%s job_types=%s concurrency=%d async_concurrency=%d "
-            "process_concurrency=%d prefetch=%d batch_size=%d",
+            "process_concurrency=%d pool=%s prefetch=%d batch_size=%d",
             self.worker_id,
             ",".join(self.queues) if self.queues else "*",
             ",".join(self.job_types) if self.job_types else "*",
             self.concurrency,
             self.side_kinds.size(LOOP),
             self.side_kinds.size(PROCESS),
+            self.pool,
             self.prefetch,
             self.batch_size,
         )
@@ -545,7 +556,10 @@ class Worker:
         return self._thread_room() + self.side_kinds.room
 
     def _thread_room(self) -> int:
-        """How many more sync jobs to hold: free slot threads and the prefetch buffer."""
+        """How many more sync jobs to hold: free slot threads and the prefetch buffer
+        (none with ``pool="process"``: child processes run them)."""
+        if self.pool == PROCESS:
+            return 0
         return self.concurrency + self._prefetch_depth() - self._held_by_threads()
 
     def _held_by_threads(self) -> int:
@@ -573,6 +587,8 @@ class Worker:
         return self._free_threads() + free_elsewhere
 
     def _free_threads(self) -> int:
+        if self.pool == PROCESS:
+            return 0
         return max(self.concurrency - self._held_by_threads(), 0)
 
     def _prefetch_depth(self) -> int:
@@ -686,7 +702,7 @@ class Worker:
                 continue
             # The slot sets the deadline when it starts the handler (execution.execute).
             definition = registry.find_definition(job.job_type)
-            kind = kind_of(definition)
+            kind = kind_of(definition, self.pool)
             side = self.side_kinds.get(kind) if kind != THREAD else None
             if side is not None and side.pool is not None:
                 running = RunningJob(

@@ -60,6 +60,7 @@ def durable_process(job):
 
 def register():
     job("tests.process.pid", isolation="process")(pid)
+    job("tests.process.plain_pid")(pid)  # no isolation: in a thread, but with --pool process
     job("tests.process.hangs", isolation="process", timeout=0.5, max_attempts=1)(hangs)
     job("tests.process.sleeps", isolation="process")(sleeps)
     job("tests.process.exits", isolation="process", max_attempts=2, retry_backoff=NO_BACKOFF)(exits)

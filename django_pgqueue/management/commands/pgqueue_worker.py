@@ -56,6 +56,13 @@ class Command(BaseCommand):
             "child process (default: PGQUEUE['PROCESS_CONCURRENCY'], 2 unless set).",
         )
         parser.add_argument(
+            "--pool",
+            choices=["thread", "process"],
+            default="thread",
+            help="Where sync jobs run: 'thread' (default), or 'process' to run every one "
+            "in a child process (--process-concurrency of them at once).",
+        )
+        parser.add_argument(
             "--max-jobs-per-child",
             type=int,
             default=None,
@@ -138,6 +145,7 @@ class Command(BaseCommand):
                 process_concurrency=options["process_concurrency"],
                 max_jobs_per_child=options["max_jobs_per_child"],
                 max_memory_per_child=options["max_memory_per_child"],
+                pool=options["pool"],
                 batch_size=options["batch_size"],
                 prefetch=options["prefetch"],
                 poll_interval=options["poll_interval"],
