@@ -175,7 +175,7 @@ def _enqueue_row(row: JobRow, on_duplicate: OnDuplicate, alias: str) -> Job:
     if wants_notify(db, {row.queue} if undelayed else set()) and settings.NOTIFY:
         params: list[Any] = list(row[:PLAIN_FIELDS])
         sql = with_notify(INSERT_ONE, params, True)
-    elif undelayed and row.concurrency_key is None:
+    elif undelayed and row.concurrency_key is None and row.timeout is None:
         params = [row.id, row.job_type, row.queue, row.priority, row.data, row.max_attempts]
         sql = INSERT_ONE_DUE_QUIET
     else:

@@ -32,7 +32,9 @@ if TYPE_CHECKING:
     from .models import Job
 
 
-COLUMNS = "id, job_type, queue, priority, data, run_at, max_attempts, concurrency_key, held"
+COLUMNS = (
+    "id, job_type, queue, priority, data, run_at, max_attempts, concurrency_key, held, timeout"
+)
 
 # The plain inserts return only what the database decides (the times, as exact integer
 # microseconds since the epoch); the rest of each Job is what was sent. Decoding whole
@@ -43,7 +45,7 @@ _MICROS = "(extract(epoch FROM inserted.{0}) * 1000000)::int8"
 INSERT_ONE_QUIET = f"""
 INSERT INTO pgqueue_jobs AS inserted ({COLUMNS})
 VALUES (%s, %s, %s, %s, %s::jsonb,
-        COALESCE(%s::timestamptz, now() + %s * interval '1 second'), %s, %s, %s)
+        COALESCE(%s::timestamptz, now() + %s * interval '1 second'), %s, %s, %s, %s)
 RETURNING {_MICROS.format("created_at")}, {_MICROS.format("run_at")}
 """
 
@@ -81,7 +83,7 @@ INSERT_ONE = f"""
 WITH inserted AS (
     INSERT INTO pgqueue_jobs ({COLUMNS})
     VALUES (%s, %s, %s, %s, %s::jsonb,
-            COALESCE(%s::timestamptz, now() + %s * interval '1 second'), %s, %s, %s)
+            COALESCE(%s::timestamptz, now() + %s * interval '1 second'), %s, %s, %s, %s)
     RETURNING queue, created_at, run_at  -- queue and run_at: for the NOTIFY
 ){{notify}}
 SELECT {_MICROS.format("created_at")}, {_MICROS.format("run_at")}
@@ -232,6 +234,7 @@ def _inserted_values(
         "max_attempts": row.max_attempts,
         "concurrency_key": row.concurrency_key,
         "held": row.held,
+        "timeout": row.timeout,
         "created_at": created_at,
         "run_at": run_at,
     }
@@ -395,10 +398,11 @@ def copy_line(row: JobRow, times: tuple[datetime, datetime], now_text: str) -> s
     run_text = now_text if row.undelayed else run_at.isoformat()
     key = row.concurrency_key
     key_text = "\\N" if key is None else key.translate(COPY_ESCAPES)
+    timeout_text = "\\N" if row.timeout is None else repr(row.timeout)
     return (
         f"{row.id.int:032x}\t{row.job_type}\t{row.queue}\t{row.priority}\t{data}\t"
         f"{run_text}\t{row.max_attempts}\t{key_text}\t{'t' if row.held else 'f'}\t"
-        f"{created_at.isoformat()}\n"
+        f"{timeout_text}\t{created_at.isoformat()}\n"
     )
 
 

@@ -58,6 +58,8 @@ class JobRow(NamedTuple):
     concurrency_key: str | None
     #: Inserted held: a due job with a key, released after the insert (``held``).
     held: bool
+    #: Seconds an attempt may run (``enqueue(timeout=...)``); ``None``: the type's.
+    timeout: float | None
     # Last, so that the plain inserts take the fields before them.
     unique_key: str | None
     #: Seconds: a job with the key enqueued this recently holds it, finished or not.
@@ -181,6 +183,7 @@ def prepare(
     get = options.get
     queue, priority, max_attempts = get("queue"), get("priority"), get("max_attempts")
     run_at, delay, unique_key = get("run_at"), get("delay"), get("unique_key")
+    timeout = get("timeout")
     if memo is None:
         resolved = _resolve(job_type, queue, priority, max_attempts, prefix)
     else:
@@ -198,6 +201,9 @@ def prepare(
         resolved.max_attempts,
         None,
         False,
+        None
+        if timeout is None
+        else validation.seconds(timeout, f"{prefix}timeout", allow_zero=False),
         None,
     )
     depends_on, on_failure = get("depends_on"), get("on_dependency_failure")

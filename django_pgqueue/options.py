@@ -108,6 +108,10 @@ class EnqueueOptions(JobDefaults, total=False):
     finished, unless it was cancelled. Needs a ``unique_key``. Default: the job type's
     ``unique_for``, else none (only active jobs hold the key). See
     [Unique over a window](../how-to/unique-jobs.md#unique-over-a-window)."""
+    timeout: float | timedelta | None
+    """Limit on each attempt of this job, in seconds or as a ``timedelta``; must be
+    positive. Overrides the job type's ``@job(timeout=...)``. ``None``: the type's. See
+    [Set timeouts](../how-to/timeouts.md#per-job)."""
     depends_on: Iterable[DependencyRef] | DependencyRef | None
     """Jobs this one waits for: it is ``waiting`` until every one of them has completed,
     then ``pending`` (due from then on, or at its ``run_at`` if later). Items: ``Job``s,

@@ -55,7 +55,7 @@ _INSERT_ONE_UNIQUE = f"""
 WITH inserted AS (
     INSERT INTO pgqueue_jobs ({COLUMNS}, unique_key)
     VALUES (%s, %s, %s, %s, %s::jsonb,
-            COALESCE(%s::timestamptz, now() + %s * interval '1 second'), %s, %s, %s, %s)
+            COALESCE(%s::timestamptz, now() + %s * interval '1 second'), %s, %s, %s, %s, %s)
     {_ON_CONFLICT}
     RETURNING *
 ), existing AS (
@@ -80,7 +80,7 @@ WITH recent AS (
 ), inserted AS (
     INSERT INTO pgqueue_jobs ({COLUMNS}, unique_key)
     SELECT %s, %s, %s, %s, %s::jsonb,
-           COALESCE(%s::timestamptz, now() + %s * interval '1 second'), %s, %s, %s, %s
+           COALESCE(%s::timestamptz, now() + %s * interval '1 second'), %s, %s, %s, %s, %s
      WHERE NOT EXISTS (SELECT FROM recent)
     {_ON_CONFLICT}
     RETURNING *
@@ -105,14 +105,14 @@ WITH inserted AS (
     INSERT INTO pgqueue_jobs ({COLUMNS}, unique_key, created_at)
     SELECT t.id, t.job_type, t.queue, t.priority, t.data::jsonb,
            COALESCE(t.run_at, now() + t.delay * interval '1 second'), t.max_attempts,
-           t.concurrency_key, t.held, t.unique_key,
+           t.concurrency_key, t.held, t.timeout, t.unique_key,
            (SELECT clock_timestamp()) + t.position * interval '1 microsecond'
       FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::int[], %s::text[],
                   %s::timestamptz[], %s::float8[], %s::int[], %s::text[], %s::bool[],
-                  %s::text[])
+                  %s::float8[], %s::text[])
            WITH ORDINALITY
            AS t(id, job_type, queue, priority, data, run_at, delay, max_attempts,
-                concurrency_key, held, unique_key, position)
+                concurrency_key, held, timeout, unique_key, position)
      ORDER BY t.unique_key
     {_ON_CONFLICT}
     RETURNING *
@@ -148,10 +148,10 @@ WITH t AS (
     SELECT *
       FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::int[], %s::text[],
                   %s::timestamptz[], %s::float8[], %s::int[], %s::text[], %s::bool[],
-                  %s::text[], %s::float8[])
+                  %s::float8[], %s::text[], %s::float8[])
            WITH ORDINALITY
            AS t(id, job_type, queue, priority, data, run_at, delay, max_attempts,
-                concurrency_key, held, unique_key, unique_for, position)
+                concurrency_key, held, timeout, unique_key, unique_for, position)
 ), recent AS (
     SELECT DISTINCT ON (jobs.unique_key) jobs.*
       FROM pgqueue_jobs AS jobs JOIN t ON jobs.unique_key = t.unique_key
@@ -163,7 +163,7 @@ WITH t AS (
     INSERT INTO pgqueue_jobs ({COLUMNS}, unique_key, created_at)
     SELECT t.id, t.job_type, t.queue, t.priority, t.data::jsonb,
            COALESCE(t.run_at, now() + t.delay * interval '1 second'), t.max_attempts,
-           t.concurrency_key, t.held, t.unique_key,
+           t.concurrency_key, t.held, t.timeout, t.unique_key,
            (SELECT clock_timestamp()) + t.position * interval '1 microsecond'
       FROM t
      WHERE t.unique_key IS NULL OR t.unique_key NOT IN (SELECT unique_key FROM recent)

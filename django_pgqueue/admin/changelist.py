@@ -165,6 +165,7 @@ class JobAdmin(WorkflowCells, JobActions, LiveView, QueueOverview):
             {
                 "fields": (
                     "attempts_display",
+                    "timeout",
                     "snoozes",
                     "worker",
                     "worker_ids_display",

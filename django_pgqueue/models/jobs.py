@@ -174,6 +174,9 @@ class Job(JobsDatabaseModel):
     #: Someone waits for its finish (``wait()``): it then notifies ``pgqueue_finished``
     #: (sql/notify_finished_v1.sql).
     awaited = models.BooleanField(db_default=False)
+    #: Seconds an attempt may run, given to ``enqueue(timeout=...)``; NULL: the job
+    #: type's ``@job(timeout=...)``, if any.
+    timeout = models.FloatField(null=True, blank=True)
 
     objects: ClassVar[JobManager[Self]] = JobManager()
 
@@ -567,6 +570,7 @@ _NEW_ROW_DEFAULTS: dict[str, Any] = {
     "concurrency_key": None,
     "held": False,
     "awaited": False,
+    "timeout": None,
     "workflow_id": None,
 }
 

@@ -216,7 +216,7 @@ async def aexecute(running: RunningJob) -> Outcome:
     mark_started(running)
     assert running.started_monotonic is not None
     await _asend(signals.job_started, job)
-    timer = asyncio.timeout(definition.timeout)
+    timer = asyncio.timeout(running.timeout)
     try:
         try:
             async with timer:
@@ -225,7 +225,7 @@ async def aexecute(running: RunningJob) -> Outcome:
             running.duration = time.monotonic() - running.started_monotonic
     except BaseException as exc:  # even SystemExit must not end the loop
         if isinstance(exc, TimeoutError) and timer.expired():
-            exc = JobTimeout(f"ran past its timeout of {definition.timeout:g}s")
+            exc = JobTimeout(f"ran past its timeout of {running.timeout:g}s")
         outcome = failure_outcome(running, exc)
         if signalled_failure(outcome):
             await _asend(

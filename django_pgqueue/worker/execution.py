@@ -131,6 +131,14 @@ class RunningJob:
     def on_loop(self) -> bool:
         return self.kind == LOOP
 
+    @property
+    def timeout(self) -> float | None:
+        """Seconds an attempt may run: the job's own timeout, else its type's."""
+        own = self.job.timeout
+        if own is not None:
+            return own
+        return self.definition.timeout if self.definition is not None else None
+
     def recorded_start(self) -> float | None:
         """What ``started_at`` becomes when the outcome is written: when a slot took
         the job, if from the prefetch buffer or under a start-by moment; ``None`` (the
@@ -169,8 +177,8 @@ def failure_outcome(running: RunningJob, exc: BaseException) -> Outcome:
     """Decide what a handler's exception means: retry, fail now, or cancelled."""
     job = running.job
     error = f"{type(exc).__name__}: {exc}"
-    if isinstance(exc, JobTimeout) and running.definition and running.definition.timeout:
-        error = f"JobTimeout: ran past its timeout of {running.definition.timeout:g}s"
+    if isinstance(exc, JobTimeout) and running.timeout:
+        error = f"JobTimeout: ran past its timeout of {running.timeout:g}s"
     tb = "".join(traceback.format_exception(exc))
     if isinstance(exc, JobCancelled) or running.cancel_event.is_set():
         return Outcome(job.id, CANCELLED, error=error, traceback=tb)
@@ -205,7 +213,7 @@ def snooze_outcome(running: RunningJob, exc: Snooze, error: str, tb: str) -> Out
 
 def timeout_outcome(running: RunningJob) -> Outcome:
     """The outcome recorded for a job whose handler ignored its timeout."""
-    timeout = running.definition.timeout if running.definition else None
+    timeout = running.timeout
     if running.on_loop:
         error = (
             f"JobTimeout: ran past its timeout of {timeout:g}s and kept the event loop "
@@ -282,9 +290,9 @@ def mark_started(running: RunningJob) -> None:
     running.started_monotonic = time.monotonic()
     if running.recorded_start() is not None or job.started_at is None:
         job.started_at = datetime.fromtimestamp(running.started_wall, tz=UTC)
-    definition = running.definition
-    if definition is not None and definition.timeout:
-        running.deadline = running.started_monotonic + definition.timeout
+    timeout = running.timeout
+    if timeout:
+        running.deadline = running.started_monotonic + timeout
 
 
 def execute(running: RunningJob, alias: str) -> Outcome:

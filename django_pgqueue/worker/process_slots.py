@@ -177,8 +177,7 @@ class _Slot(threading.Thread):
             )
         running.started_wall = time.time()
         running.started_monotonic = time.monotonic()
-        definition = running.definition
-        timeout = definition.timeout if definition is not None else None
+        timeout = running.timeout
         deadline = None if not timeout else running.started_monotonic + timeout
         conn.send((job, running.buffered))
         while True:
