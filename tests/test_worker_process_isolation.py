@@ -94,6 +94,17 @@ def test_a_segfaulting_handler_fails_its_attempt_and_the_next_job_runs():
     assert refreshed(after).status == JobStatus.COMPLETED
 
 
+def test_a_child_killed_as_the_oom_killer_does_fails_its_attempt_saying_so():
+    killed = enqueue("tests.process.killed")
+
+    run_burst(process_concurrency=1)
+
+    assert refreshed(killed).last_error == (
+        "ChildProcessError: the process running the handler was killed by SIGKILL (sent by "
+        "the kernel's OOM killer when memory runs out, or by hand)"
+    )
+
+
 def test_cancelling_a_running_job_kills_its_process():
     sleeping = enqueue("tests.process.sleeps")
 

@@ -37,6 +37,11 @@ def segfaults(job):
     ctypes.string_at(0)
 
 
+def killed(job):
+    """End as the kernel's OOM killer ends a process: SIGKILL."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def allocates(job):
     """Hold ``data['mib']`` MiB for a moment, then return the process id."""
     block = bytearray(job.data["mib"] << 20)
@@ -65,6 +70,7 @@ def register():
     job("tests.process.sleeps", isolation="process")(sleeps)
     job("tests.process.exits", isolation="process", max_attempts=2, retry_backoff=NO_BACKOFF)(exits)
     job("tests.process.segfaults", isolation="process", max_attempts=1)(segfaults)
+    job("tests.process.killed", isolation="process", max_attempts=1)(killed)
     job("tests.process.allocates", isolation="process")(allocates)
     job("tests.process.hogs", isolation="process", max_attempts=1)(hogs)
     job("tests.durable_process", isolation="process", max_attempts=50, retry_backoff=NO_BACKOFF)(
