@@ -38,6 +38,7 @@ from .execution import (
     RunningJob,
     failure_outcome,
     handed_back,
+    log_receiver_errors,
     mark_started,
     result_json,
     signalled_failure,
@@ -251,11 +252,4 @@ async def _asend(signal: Any, job: Any, **kwargs: Any) -> None:
     the ORM); a receiver's error is logged, never lets a job be lost."""
     if not signal.receivers or not signal.has_listeners(type(job)):
         return
-    for receiver, response in await signal.asend_robust(sender=type(job), job=job, **kwargs):
-        if isinstance(response, Exception):
-            logger.error(
-                "signal receiver %r failed for job %s",
-                receiver,
-                job.id,
-                exc_info=(type(response), response, response.__traceback__),
-            )
+    log_receiver_errors(await signal.asend_robust(sender=type(job), job=job, **kwargs), job)

@@ -9,7 +9,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -252,7 +252,12 @@ def _send(signal: Any, job: Job, **kwargs: Any) -> None:
     """Send a worker signal; a receiver's error is logged, never lets a job be lost."""
     if not signal.receivers or not signal.has_listeners(type(job)):
         return
-    for receiver, response in signal.send_robust(sender=type(job), job=job, **kwargs):
+    log_receiver_errors(signal.send_robust(sender=type(job), job=job, **kwargs), job)
+
+
+def log_receiver_errors(responses: Iterable[tuple[Any, Any]], job: Job) -> None:
+    """Log the errors of a robust send's receivers: none may let a job be lost."""
+    for receiver, response in responses:
         if isinstance(response, Exception):
             logger.error(
                 "signal receiver %r failed for job %s",

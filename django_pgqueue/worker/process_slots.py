@@ -36,6 +36,7 @@ from django.db import connections
 
 from . import child as child_module
 from .execution import CANCELLED, Outcome, RunningJob, handed_back, retry_or_fail
+from .slots import take_unstarted
 
 logger = logging.getLogger("django_pgqueue.worker")
 
@@ -89,17 +90,7 @@ class ProcessSlots:
 
     def take_unstarted(self) -> list[RunningJob]:
         """Remove and return the jobs no slot has started yet."""
-        taken: list[RunningJob] = []
-        while True:
-            try:
-                item = self._inbox.get_nowait()
-            except queue.Empty:
-                return taken
-            if isinstance(item, RunningJob):
-                taken.append(item)
-            else:
-                self._inbox.put(item)
-                return taken
+        return take_unstarted(self._inbox)
 
     def stop(self, wait: float = KILL_GRACE + 1) -> None:
         """Let each slot finish its job, stop its child and exit; wait up to ``wait``."""

@@ -690,6 +690,8 @@ class Worker:
         start-by moment go first (pacing.py)."""
         free = self._free_threads()
         free_elsewhere = {kind.name: kind.room for kind in self.side_kinds.kinds}
+        # Most workers run threads only: no job of theirs needs routing.
+        routed = bool(free_elsewhere)
         deadlines = [None if sent_at is None else start_by(job, sent_at) for job in jobs]
         batch = list(zip(jobs, deadlines, strict=True))
         if sent_at is not None:
@@ -702,7 +704,7 @@ class Worker:
                 continue
             # The slot sets the deadline when it starts the handler (execution.execute).
             definition = registry.find_definition(job.job_type)
-            kind = kind_of(definition, self.pool)
+            kind = kind_of(definition, self.pool) if routed else THREAD
             side = self.side_kinds.get(kind) if kind != THREAD else None
             if side is not None and side.pool is not None:
                 running = RunningJob(
@@ -759,9 +761,10 @@ class Worker:
             except queue.Empty:
                 return
             job_id = running.job.id
-            side = self.side_kinds.for_running(running)
-            if side is not None:
-                side.held -= 1
+            if running.kind != THREAD:
+                side = self.side_kinds.for_running(running)
+                if side is not None:
+                    side.held -= 1
             if self._abandoned.pop(job_id, None) is not None:
                 continue  # its timeout outcome was recorded when it was abandoned
             self._running.pop(job_id, None)

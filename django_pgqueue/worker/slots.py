@@ -21,6 +21,22 @@ logger = logging.getLogger("django_pgqueue.worker")
 _STOP = object()
 
 
+def take_unstarted(inbox: queue.SimpleQueue[RunningJob | object]) -> list[RunningJob]:
+    """Remove and return the jobs waiting in ``inbox`` for a slot, leaving a stop
+    marker (any item that is not a job) where it is, for a slot to find."""
+    taken: list[RunningJob] = []
+    while True:
+        try:
+            item = inbox.get_nowait()
+        except queue.Empty:
+            return taken
+        if isinstance(item, RunningJob):
+            taken.append(item)
+        else:
+            inbox.put(item)
+            return taken
+
+
 class SlotPool:
     """``size`` threads taking jobs from a queue; each finished job goes to ``on_done``.
 
@@ -46,17 +62,7 @@ class SlotPool:
 
     def take_unstarted(self) -> list[RunningJob]:
         """Remove and return the jobs no slot has started yet (the prefetch buffer)."""
-        taken: list[RunningJob] = []
-        while True:
-            try:
-                item = self._inbox.get_nowait()
-            except queue.Empty:
-                return taken
-            if isinstance(item, RunningJob):
-                taken.append(item)
-            else:
-                self._inbox.put(item)  # a stop marker: leave it for a slot
-                return taken
+        return take_unstarted(self._inbox)
 
     def stop(self) -> None:
         """Ask idle slots to exit once the queue is drained (busy ones finish first)."""

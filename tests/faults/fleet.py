@@ -177,3 +177,52 @@ def wait_for_completed(conn: psycopg.Connection[Any], count: float, deadline: fl
             return True
         time.sleep(0.02)
     return False
+
+
+@dataclass
+class CrashDrain:
+    """What a drain through killed workers left: its figures (``execution_figures``),
+    the repeated runs (``duplicate_runs_by``), the kills and the seconds it took."""
+
+    figures: dict[str, int]
+    repeated: list[tuple[Any, str]]
+    kills: int
+    seconds: float
+
+
+def drain_through_kills(
+    conn: psycopg.Connection[Any],
+    fleet: Fleet,
+    jobs: int,
+    rng: Any,
+    deadline_seconds: float,
+    job_type: str = JOB_TYPE,
+) -> CrashDrain:
+    """Start ``fleet``, kill a worker at each tenth of ``jobs`` completed
+    (``kill_as_jobs_complete``), wait until every job is finished, stop the fleet."""
+    fleet.start()
+    started = time.monotonic()
+    deadline = started + deadline_seconds
+    try:
+        kills = kill_as_jobs_complete(conn, fleet, jobs, rng, deadline)
+        wait_until_drained(conn, deadline, fleet, job_type=job_type)
+        seconds = time.monotonic() - started
+        fleet.assert_alive()
+        figures = execution_figures(conn, job_type)
+        repeated = duplicate_runs_by(conn)
+    finally:
+        fleet.stop()
+    return CrashDrain(figures, repeated, kills, round(seconds, 1))
+
+
+def assert_nothing_lost(drain: CrashDrain, fleet: Fleet, jobs: int, min_kills: int) -> None:
+    """Every job completed, no two runs of one job overlapped, and a run was repeated
+    only when the worker of the run before was killed before recording it (at least
+    once: each repeat is a run whose transaction committed before its FINISH did)."""
+    result = drain.figures
+    assert result["jobs"] == jobs
+    assert result["lost"] == 0, result
+    assert result["overlaps"] == 0, result
+    assert {worker for _, worker in drain.repeated} <= set(fleet.killed_ids), drain.repeated
+    assert result["duplicates"] == len(drain.repeated)
+    assert drain.kills >= min_kills, f"only {drain.kills} kills before the deadline"

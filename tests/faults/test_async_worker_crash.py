@@ -6,18 +6,10 @@ from __future__ import annotations
 
 import os
 import random
-import time
 
 import pytest
 
-from .fleet import (
-    Fleet,
-    duplicate_runs_by,
-    enqueue_sql,
-    execution_figures,
-    kill_as_jobs_complete,
-    wait_until_drained,
-)
+from .fleet import Fleet, assert_nothing_lost, drain_through_kills, enqueue_sql
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -26,33 +18,17 @@ JOBS = 2_000
 WORKERS = 4
 MIN_KILLS = 3
 DEADLINE = 90.0  # seconds for the whole drain, kills included
+ARGS = ("--concurrency", "1", "--async-concurrency", "20", "--poll-interval", "0.2")
 
 
 def test_killed_async_workers_lose_no_job_and_never_overlap_runs(other_connection, figures):
     seed = int(os.environ.get("PGQUEUE_FAULTS_SEED", random.randrange(1 << 30)))
-    rng = random.Random(seed)
     enqueue_sql(other_connection, JOBS, sleep=0.02, job_type=JOB_TYPE)
-    fleet = Fleet(
-        WORKERS,
-        args=("--concurrency", "1", "--async-concurrency", "20", "--poll-interval", "0.2"),
-        env={"PGQUEUE_TEST_ASYNC_JOBS": "1"},
-    ).start()
-    started = time.monotonic()
-    deadline = started + DEADLINE
-    try:
-        kills = kill_as_jobs_complete(other_connection, fleet, JOBS, rng, deadline)
-        wait_until_drained(other_connection, deadline, fleet, job_type=JOB_TYPE)
-        elapsed = time.monotonic() - started
-        fleet.assert_alive()
-        result = execution_figures(other_connection, job_type=JOB_TYPE)
-        repeated = duplicate_runs_by(other_connection)
-    finally:
-        fleet.stop()
+    fleet = Fleet(WORKERS, args=ARGS, env={"PGQUEUE_TEST_ASYNC_JOBS": "1"})
 
-    figures(**result, workers=WORKERS, kills=kills, seed=seed, seconds=round(elapsed, 1))
-    assert result["jobs"] == JOBS
-    assert result["lost"] == 0, result
-    assert result["overlaps"] == 0, result
-    assert {worker for _, worker in repeated} <= set(fleet.killed_ids), repeated
-    assert result["duplicates"] == len(repeated)
-    assert kills >= MIN_KILLS, f"only {kills} kills before the deadline"
+    drain = drain_through_kills(
+        other_connection, fleet, JOBS, random.Random(seed), DEADLINE, job_type=JOB_TYPE
+    )
+
+    figures(**drain.figures, workers=WORKERS, kills=drain.kills, seed=seed, seconds=drain.seconds)
+    assert_nothing_lost(drain, fleet, JOBS, MIN_KILLS)
