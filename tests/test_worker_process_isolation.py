@@ -128,9 +128,9 @@ def test_a_child_is_replaced_after_max_jobs_per_child():
 
 
 def test_a_child_is_replaced_once_its_memory_passed_the_limit(monkeypatch):
-    # Read only before each job starts: the big job's peak is seen after it returned.
+    # Never read while a job runs: the big job's peak is seen once it returned.
     monkeypatch.setattr(process_slots, "MEMORY_CHECK_INTERVAL", 3600)
-    big = enqueue("tests.process.allocates", {"mib": 200}, priority=200)
+    big = enqueue("tests.process.allocates", {"mib": 200, "hold": 0.3}, priority=200)
     small = enqueue("tests.process.allocates", {"mib": 1}, priority=100)
     last = enqueue("tests.process.pid", priority=1)
 

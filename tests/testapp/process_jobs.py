@@ -43,9 +43,11 @@ def killed(job):
 
 
 def allocates(job):
-    """Hold ``data['mib']`` MiB for a moment, then return the process id."""
-    block = bytearray(job.data["mib"] << 20)
-    block[-1] = 1
+    """Hold ``data['mib']`` MiB for ``data['hold']`` seconds (default 0), then return the
+    process id."""
+    block = b"x" * (job.data["mib"] << 20)
+    time.sleep(job.data.get("hold", 0))
+    del block
     return os.getpid()
 
 
