@@ -51,7 +51,8 @@ class SideKind:
 
 @dataclass
 class SideKinds:
-    """The worker's side kinds that run at least one of its job types."""
+    """The worker's side kinds that run at least one of its job types, and the child
+    processes when they run every sync job (``pool``)."""
 
     kinds: list[SideKind] = field(default_factory=list)
     #: ``THREAD``, or ``PROCESS`` when every sync job runs in a child (``pool``): which
@@ -141,8 +142,12 @@ class SideKinds:
         with_room = [name for kind in others if kind.room > 0 for name in kind.job_types]
         return (with_room or job_types), None
 
-    def for_running(self, running: RunningJob) -> SideKind | None:
-        return None if running.kind == THREAD else self.get(running.kind)
+    def let_go(self, running: RunningJob) -> None:
+        """Count ``running`` out of its kind's held places (nothing for a thread's)."""
+        if running.kind != THREAD:
+            side = self.get(running.kind)
+            if side is not None:
+                side.held -= 1
 
 
 def kind_of(definition: JobDefinition | None, pool: str = THREAD) -> str:

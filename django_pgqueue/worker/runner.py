@@ -123,7 +123,8 @@ class Worker:
             ``isolation="process"`` job types; ``"process"``: every sync handler runs
             in a child process, and ``concurrency`` threads stay idle.
         batch_size: Most jobs claimed per query, 1 to 1000 (default above, plus
-            ``async_concurrency`` when the event loop runs).
+            ``async_concurrency`` and ``process_concurrency`` when the event loop and
+            the child processes run).
         prefetch: Most claimed jobs held beyond the running ones while jobs are fast, 0
             to 10000. Default: ``PGQUEUE["PREFETCH"]`` (100). The worker holds at most
             ``concurrency + prefetch`` jobs; see [``PREFETCH``](settings.md).
@@ -761,10 +762,8 @@ class Worker:
             except queue.Empty:
                 return
             job_id = running.job.id
-            if running.kind != THREAD:
-                side = self.side_kinds.for_running(running)
-                if side is not None:
-                    side.held -= 1
+            if running.kind != THREAD:  # no call per job for a worker of threads only
+                self.side_kinds.let_go(running)
             if self._abandoned.pop(job_id, None) is not None:
                 continue  # its timeout outcome was recorded when it was abandoned
             self._running.pop(job_id, None)
@@ -809,9 +808,7 @@ class Worker:
         period, then release the rest."""
         for running in slots.take_unstarted() + self.side_kinds.take_unstarted():
             self._running.pop(running.job.id, None)
-            side = self.side_kinds.for_running(running)
-            if side is not None:
-                side.held -= 1
+            self.side_kinds.let_go(running)
             self._outcomes.append(handed_back(running))
         self._reap()
         deadline = time.monotonic() + self.shutdown_grace
