@@ -20,21 +20,29 @@ import logging
 import re
 import traceback
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 from django.conf import settings
 from django.core import checks
-from django.db import transaction
+from django.db import connections, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from . import conf, schema, validation
+from . import conf, schema, validation, waiting
 from . import exceptions as pgqueue_exceptions
 from .enqueue import enqueue as enqueue_job
-from .exceptions import FailJob, InvalidArgumentError, JobCancelled, TaskReturnValueError
+from .exceptions import (
+    CancelledJobError,
+    FailJob,
+    InvalidArgumentError,
+    JobCancelled,
+    JobFailedError,
+    JobNotFoundError,
+    TaskReturnValueError,
+)
 from .options import Step
 from .registry import JobDefinition
 from .schema import TASK_JOB_PREFIX, JobStatus
@@ -228,10 +236,7 @@ class PgQueueBackend(BaseTaskBackend):
         """The task's current result, read from its job; ``TaskResultDoesNotExist`` if none."""
         from .models import Job
 
-        try:
-            job_id = uuid.UUID(str(result_id))
-        except ValueError:
-            raise TaskResultDoesNotExist(result_id) from None
+        job_id = _job_id(result_id)
         job = (
             Job.objects.using(self.database)
             .filter(pk=job_id, job_type__startswith=TASK_JOB_PREFIX)
@@ -240,6 +245,75 @@ class PgQueueBackend(BaseTaskBackend):
         if job is None:
             raise TaskResultDoesNotExist(result_id)
         return _result_of(job, self.alias)
+
+    def wait_for_result(
+        self,
+        result: TaskResult[Any] | str,
+        timeout: float | timedelta | None = None,
+        *,
+        poll_interval: float | timedelta = waiting.DEFAULT_POLL_INTERVAL,
+    ) -> TaskResult[Any]:
+        """Block until the task has finished, and return its result, read afresh.
+
+        Waits as [`Job.wait()`][django_pgqueue.models.Job.wait] does: woken by a
+        notification when the task's job finishes, and reading its status every
+        ``poll_interval`` seconds besides (so it also works behind PgBouncer), on a
+        connection of its own. A retry in between does not end the wait: it ends when
+        the task succeeded (``SUCCESSFUL``) or will not run again (``FAILED``, which a
+        cancelled job reads as). The ``result`` given is not changed.
+
+        ```python
+        result = send_report.enqueue(report_id)
+        ...  # after the transaction that enqueued it committed
+        result = default_task_backend.wait_for_result(result, timeout=30)
+        if result.status == TaskResultStatus.SUCCESSFUL:
+            print(result.return_value)
+        ```
+
+        Args:
+            result: A ``TaskResult`` of this backend, or its ``id``.
+            timeout: Seconds (or a ``timedelta``) to wait at most, positive; ``None``:
+                no limit.
+            poll_interval: Seconds between reads of the status, positive.
+
+        Raises:
+            WaitTimeoutError: ``timeout`` passed first (also a ``TimeoutError``); the
+                task goes on.
+            TaskResultDoesNotExist: No task has that id here, or (its message says so)
+                its job is not committed yet: wait after the transaction that enqueued it.
+            InvalidArgumentError: For a bad ``timeout`` or ``poll_interval``.
+        """
+        result_id = _result_id(result)
+        wait = waiting.waiting(_job_id(result_id), self.database, timeout, poll_interval)
+        current = self.get_result(result_id)
+        if current.is_finished:
+            return current
+        in_transaction = connections[self.database].in_atomic_block
+        with _finished_either_way():
+            waiting.wait_for(wait, in_transaction=in_transaction)
+        return self.get_result(result_id)
+
+    async def await_for_result(
+        self,
+        result: TaskResult[Any] | str,
+        timeout: float | timedelta | None = None,
+        *,
+        poll_interval: float | timedelta = waiting.DEFAULT_POLL_INTERVAL,
+    ) -> TaskResult[Any]:
+        """[`wait_for_result()`][django_pgqueue.backends.PgQueueBackend.wait_for_result]
+        for async code, with the same arguments, result and errors.
+
+        It waits on an async connection of its own, so no thread is held while it
+        waits; the result is read before and after the wait through ``aget_result()``.
+        """
+        result_id = _result_id(result)
+        wait = waiting.waiting(_job_id(result_id), self.database, timeout, poll_interval)
+        current = await self.aget_result(result_id)
+        if current.is_finished:
+            return current
+        with _finished_either_way():
+            await waiting.await_finish(wait, in_transaction=False)
+        return await self.aget_result(result_id)
 
     def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
         yield from super().check(**kwargs)
@@ -256,6 +330,30 @@ class PgQueueBackend(BaseTaskBackend):
                 hint=f"Use one of {sorted(settings.DATABASES)}.",
                 id="django_pgqueue.E102",
             )
+
+
+def _result_id(result: TaskResult[Any] | str) -> str:
+    return result.id if isinstance(result, TaskResult) else str(result)
+
+
+def _job_id(result_id: str) -> uuid.UUID:
+    """The id of the job of a task result; ``TaskResultDoesNotExist`` if it is none."""
+    try:
+        return uuid.UUID(str(result_id))
+    except ValueError:
+        raise TaskResultDoesNotExist(result_id) from None
+
+
+@contextlib.contextmanager
+def _finished_either_way() -> Iterator[None]:
+    """A wait for a task's result: its failure or cancellation is read from the result
+    afterwards, not raised; a job that vanished is a result that does not exist."""
+    try:
+        yield
+    except (JobFailedError, CancelledJobError):
+        pass
+    except JobNotFoundError as exc:
+        raise TaskResultDoesNotExist(str(exc)) from exc
 
 
 class _WithoutRunAfter:
