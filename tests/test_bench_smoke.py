@@ -15,6 +15,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from bench.common import with_database
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -181,3 +185,37 @@ def test_each_run_starts_with_the_next_system() -> None:
         ["peer", "ours", "before"],
         ["ours", "before", "peer"],
     ]
+
+
+IMPORTED_BY_A_DRAIN = """
+import sys
+from bench.systems import harness_pgqueue as harness
+harness.setup_django(sys.argv[1])
+harness.load_worker_code()
+loaded = set(sys.modules)
+harness.enqueue_in_chunks("bench.noop", 50, 50)
+from django.core.management import call_command
+call_command("pgqueue_worker", "--burst", "--log-level", "ERROR")
+print(sorted(name for name in set(sys.modules) - loaded if name.startswith("django_pgqueue")))
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_timed_drain_imports_none_of_the_workers_code() -> None:
+    # A drain is timed from "ready" on: the worker's modules must be imported before,
+    # or a working tree, compiled from source at each start, pays for it in the drain.
+    from django.db import connection
+
+    dsn = with_database(os.environ["DATABASE_URL"], connection.settings_dict["NAME"])
+    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
+    result = subprocess.run(
+        [sys.executable, "-c", IMPORTED_BY_A_DRAIN, dsn],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "[]"

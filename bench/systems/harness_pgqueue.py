@@ -9,6 +9,8 @@ single-row INSERT transaction on the same table (the W1 reference), and
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import itertools
 import os
 import sys
@@ -19,6 +21,16 @@ from bench import common
 
 MODULE = "bench.systems.harness_pgqueue"
 TABLE = "pgqueue_jobs"
+#: The package's modules a worker imports once it runs (the runner, and those it imports
+#: in its functions), as listed by ``sys.modules`` before and after a burst drain.
+WORKER_MODULES = (
+    "django_pgqueue.worker.runner",
+    "django_pgqueue.limits",
+    "django_pgqueue.periodic",
+    "django_pgqueue.pruning",
+    "django_pgqueue.rate_limits",
+    "django_pgqueue.recovery",
+)
 
 
 def setup_django(dsn: str) -> None:
@@ -340,6 +352,22 @@ def fill_finished(args: Any) -> dict[str, Any]:
     return {"rows": args.rows, "seconds": time.perf_counter() - began}
 
 
+def load_worker_code() -> None:
+    """Import the worker command and every module a worker runs jobs with.
+
+    Called before the worker says ``ready``, so that a drain times the jobs and not the
+    first import of the code that runs them: a working tree's modules are compiled from
+    source at each start when bytecode is not cached (``PYTHONDONTWRITEBYTECODE``),
+    while an installed package (the ``--baseline``) has its bytecode.
+    """
+    from django.core.management import load_command_class
+
+    load_command_class("django_pgqueue", "pgqueue_worker")
+    for name in WORKER_MODULES:
+        with contextlib.suppress(ImportError):  # an earlier commit may lack some
+            importlib.import_module(name)
+
+
 def worker(args: Any) -> None:
     from django.core.management import call_command
 
@@ -356,7 +384,7 @@ def worker(args: Any) -> None:
         options += ["--batch-size", str(args.batch_size)]
     if args.burst:
         options.append("--burst")
-    common.worker_entry(lambda: call_command("pgqueue_worker", *options))
+    common.worker_entry(lambda: call_command("pgqueue_worker", *options), load_worker_code)
 
 
 COMMANDS = {
