@@ -42,6 +42,10 @@ def operator(staff: Any) -> Any:
         ('{"a": NaN}', "NaN is not a JSON value PostgreSQL can store"),
         ('{"a": "\\u0000"}', "PostgreSQL cannot store a NUL character"),
         ('{"a": {"b": ["\\u0000"]}}', "PostgreSQL cannot store a NUL character"),
+        ('{"a": "\\ud800"}', "PostgreSQL cannot store a lone surrogate"),
+        ('{"\\udfff": 1}', "PostgreSQL cannot store a lone surrogate"),
+        ('x="\\ud800"', "PostgreSQL cannot store a lone surrogate"),
+        ('x=["ok", "\\udbff"]', "PostgreSQL cannot store a lone surrogate"),
     ],
 )
 def test_a_search_postgresql_cannot_compare_says_why_and_finds_nothing(

@@ -101,8 +101,9 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def _refuse_nul(value: Any) -> None:
-    """Raise ``SearchError`` if a string in ``value`` (keys too) holds a NUL character."""
+def _refuse_unstorable_text(value: Any) -> None:
+    """Raise ``SearchError`` if a string in ``value`` (keys too) holds what PostgreSQL
+    cannot store: a NUL character, or a lone surrogate (``"\\ud800"`` in JSON)."""
     if isinstance(value, str):
         texts: Iterable[Any] = [value]
     elif isinstance(value, dict):
@@ -112,19 +113,25 @@ def _refuse_nul(value: Any) -> None:
     else:
         return
     for text in texts:
-        if isinstance(text, str):
-            if NUL in text:
-                raise SearchError(gettext("PostgreSQL cannot store a NUL character (\\u0000)"))
-        else:
-            _refuse_nul(text)
+        if not isinstance(text, str):
+            _refuse_unstorable_text(text)
+        elif NUL in text:
+            raise SearchError(gettext("PostgreSQL cannot store a NUL character (\\u0000)"))
+        elif not text.isascii():
+            try:
+                text.encode()
+            except UnicodeEncodeError:
+                raise SearchError(
+                    gettext("PostgreSQL cannot store a lone surrogate (such as \\ud800)")
+                ) from None
 
 
 def _json_value(text: str) -> Any:
     """``text`` as a JSON value jsonb can hold: ``ValueError`` when it is not JSON,
     ``SearchError`` when it is JSON that jsonb refuses (NaN, Infinity, a number out of
-    range, a NUL character)."""
+    range, a NUL character, a lone surrogate)."""
     value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
-    _refuse_nul(value)
+    _refuse_unstorable_text(value)
     return value
 
 
@@ -140,13 +147,14 @@ def search_filter(term: str) -> Q | None:
 
     ``data`` is matched with ``@>`` (containment), which the ``jsonb_path_ops`` GIN index
     ``idx_jobs_data`` serves. A term PostgreSQL could not compare (a NUL character, or
-    JSON with NaN, Infinity or a number out of range) raises ``SearchError``.
+    JSON with NaN, Infinity, a number out of range or a lone surrogate) raises
+    ``SearchError``.
     """
     try:
         return Q(pk=uuid.UUID(term))
     except ValueError:
         pass
-    _refuse_nul(term)
+    _refuse_unstorable_text(term)
     if term.startswith("{"):
         try:
             wanted = _json_value(term)
