@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from bench.common import with_database
@@ -219,3 +220,35 @@ def test_a_timed_drain_imports_none_of_the_workers_code() -> None:
 
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "[]"
+
+
+def test_the_harness_empties_a_baseline_database_that_predates_workflows() -> None:
+    # --baseline may name a commit from before the workflow tables existed.
+    name = "pgqueue_bench_smoke_old_schema"
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as server:
+        server.execute(f"DROP DATABASE IF EXISTS {name}")
+        server.execute(f"CREATE DATABASE {name}")
+    try:
+        dsn = with_database(os.environ["DATABASE_URL"], name)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE pgqueue_jobs (id int)")
+            conn.execute("INSERT INTO pgqueue_jobs VALUES (1)")
+        env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
+        script = (
+            "import sys; from bench.systems import harness_pgqueue as harness; "
+            "harness.setup_django(sys.argv[1]); harness._truncate()"
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", script, dsn],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        with psycopg.connect(dsn) as conn:
+            assert conn.execute("SELECT count(*) FROM pgqueue_jobs").fetchone() == (0,)
+    finally:
+        with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as server:
+            server.execute(f"DROP DATABASE IF EXISTS {name}")
