@@ -1,4 +1,5 @@
-"""Assertions for your project's tests: which jobs your code enqueued.
+"""Assertions for your project's tests: which jobs your code enqueued; and
+``run_job()``, one run of a handler as a worker makes it.
 
 ```python
 from django_pgqueue.testing import assert_enqueued, capture_jobs, refute_enqueued
@@ -19,19 +20,38 @@ environment set up): a clear error otherwise, never a query against a real queue
 
 from __future__ import annotations
 
+import asyncio
+import copy
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from django.core import mail
 from django.core.exceptions import ImproperlyConfigured
 from django.db.models import QuerySet
+from django.utils import timezone
 
-from . import conf, signals
+from . import conf, jobrows, registry, signals
+from .exceptions import InvalidJobError
 from .models import Job
+from .registry import JobDefinition
 from .schema import JobStatus
+from .worker.async_slots import aexecute
+from .worker.execution import LOOP, PENDING, THREAD, RunningJob, execute
 
-__all__ = ["assert_enqueued", "capture_jobs", "enqueued_jobs", "refute_enqueued"]
+__all__ = [
+    "JobRun",
+    "assert_enqueued",
+    "capture_jobs",
+    "enqueued_jobs",
+    "refute_enqueued",
+    "run_job",
+]
+
+#: The ``worker_id`` a job run by ``run_job()`` holds while its handler runs.
+RUN_JOB_WORKER_ID = "django_pgqueue.testing.run_job"
 
 
 def enqueued_jobs(
@@ -124,6 +144,140 @@ def capture_jobs() -> Iterator[list[Job]]:
         yield captured
     finally:
         signals.job_enqueued.disconnect(collect)
+
+
+@dataclass(frozen=True)
+class JobRun:
+    """What one run of a handler decided (``run_job()``). Nothing of it is written to
+    the job's row.
+
+    Attributes:
+        status: ``"completed"``; ``"pending"`` when a worker would retry the job (or the
+            handler snoozed it), after ``retry_in`` seconds; ``"failed"`` when no attempt
+            is left (or on ``FailJob``); ``"cancelled"``.
+        result: The handler's return value as a worker stores it (through JSON, so a
+            tuple comes back a list); ``None`` unless completed.
+        error: ``"ExceptionClass: message"`` of the failure (or the note on a return
+            value that cannot be stored); ``""`` for none.
+        traceback: The failure's formatted traceback; ``""`` for none.
+        retry_in: Seconds until the retry or the end of the snooze, when ``"pending"``;
+            else ``None``.
+        snoozed: Whether the handler snoozed the job.
+        job: The job as the handler saw it: its ``attempts`` counts this run.
+    """
+
+    status: str
+    result: Any
+    error: str
+    traceback: str
+    retry_in: float | None
+    snoozed: bool
+    job: Job
+
+
+def run_job(
+    job: Job | JobDefinition | str,
+    data: dict[str, Any] | None = None,
+    *,
+    attempt: int | None = None,
+    using: str | None = None,
+) -> JobRun:
+    """Run one handler once, in the test's thread, as a worker would, and say what it
+    decided.
+
+    ```python
+    outcome = run_job("emails.welcome", {"user_id": user.pk})
+    assert outcome.status == "completed"
+
+    job = enqueued_jobs(job_type="billing.charge")[0]
+    assert run_job(job, attempt=3).status == "failed"  # its last attempt
+    ```
+
+    The handler runs in its transaction (``atomic``, the default: a savepoint inside
+    ``TestCase``'s transaction), with the job's signals sent; an ``async def`` handler
+    runs on an event loop of its own, under its timeout. What it decided is returned,
+    not written: the job's row stays as it was, and no retry is scheduled. A sync
+    handler's timeout is not enforced (a worker interrupts it from another thread).
+
+    Args:
+        job: A job read from the database (``enqueued_jobs()``, ``capture_jobs()``,
+            ``enqueue()``'s return), a ``@job`` handler, or a job type.
+        data: The payload, for a handler or a job type (validated as ``enqueue()``
+            does); not with a job, which has its own.
+        attempt: Which attempt this run is, 1 or more (default: the job's next one, 1
+            for a new job). The last, ``max_attempts``, fails the job on an error.
+        using: The jobs database alias, for a handler or a job type.
+
+    Raises:
+        UnknownJobTypeError: No handler is registered for the job type.
+        InvalidJobError: A bad ``data`` or ``attempt``, or ``data`` given with a job.
+    """
+    _require_test_environment()
+    running = _running_job(job, data, attempt, using)
+    assert running.definition is not None
+    if running.definition.is_async:
+        running.kind = LOOP
+        outcome = asyncio.run(aexecute(running))
+    else:
+        running.kind = THREAD
+        outcome = execute(
+            running, running.job._state.db or conf.jobs_database(using), in_worker=False
+        )
+    pending = outcome.status == PENDING
+    return JobRun(
+        status=outcome.status,
+        result=None if outcome.result is None else json.loads(outcome.result),
+        error=outcome.error or "",
+        traceback=outcome.traceback or "",
+        retry_in=outcome.delay if pending else None,
+        snoozed=bool(outcome.snoozed),
+        job=running.job,
+    )
+
+
+def _running_job(
+    job: Job | JobDefinition | str,
+    data: dict[str, Any] | None,
+    attempt: int | None,
+    using: str | None,
+) -> RunningJob:
+    """The ``RunningJob`` of a ``run_job()`` call: a copy of the job, held by the test."""
+    if attempt is not None and (
+        not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 1
+    ):
+        raise InvalidJobError("attempt", f"must be an integer of 1 or more, got {attempt!r}")
+    if isinstance(job, Job):
+        if data is not None:
+            raise InvalidJobError(
+                "data", "is the job's own: give data only with a handler or a job type"
+            )
+        held = copy.copy(job)
+        definition = registry.get_definition(job.job_type)
+        next_attempt = job.attempts + 1
+    else:
+        job_type = job.job_type if isinstance(job, JobDefinition) else job
+        definition = registry.get_definition(job_type)
+        # What enqueue() would insert: its checks, and the type's defaults.
+        row = jobrows.prepare(job_type, {} if data is None else data, {})
+        now = timezone.now()
+        held = Job.from_new_row(
+            {
+                "id": row.id,
+                "job_type": row.job_type,
+                "queue": row.queue,
+                "priority": row.priority,
+                "data": json.loads(row.data),
+                "max_attempts": row.max_attempts,
+                "created_at": now,
+                "run_at": now,
+            },
+            conf.jobs_database(using),
+        )
+        next_attempt = 1
+    held.attempts = next_attempt if attempt is None else attempt
+    held.status = JobStatus.RUNNING
+    held.worker_id = RUN_JOB_WORKER_ID
+    return RunningJob(job=held, definition=definition)
 
 
 #: Pending jobs a failure message lists at most.

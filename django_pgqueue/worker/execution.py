@@ -300,8 +300,13 @@ def mark_started(running: RunningJob) -> None:
         running.deadline = running.started_monotonic + timeout
 
 
-def execute(running: RunningJob, alias: str) -> Outcome:
-    """Run the handler of ``running`` in this thread and return its outcome."""
+def execute(running: RunningJob, alias: str, *, in_worker: bool = True) -> Outcome:
+    """Run the handler of ``running`` in this thread and return its outcome.
+
+    ``in_worker=False`` (the test kit's ``run_job()``) leaves the thread's connections
+    as they are after a failure: a test's connection is inside the test's transaction,
+    which a worker would take for a connection the handler left broken.
+    """
     job = running.job
     definition = running.definition
     if definition is None:
@@ -315,7 +320,8 @@ def execute(running: RunningJob, alias: str) -> Outcome:
         return Outcome(job.id, CANCELLED, error="cancelled before it started")
     if running.too_late_to_start():
         return handed_back(running)
-    _LostConnections.check_since_last_seen()
+    if in_worker:
+        _LostConnections.check_since_last_seen()
     mark_started(running)
     assert running.started_monotonic is not None
     _send(signals.job_started, job)
@@ -334,11 +340,12 @@ def execute(running: RunningJob, alias: str) -> Outcome:
                 running.thread_id = None
             running.duration = time.monotonic() - running.started_monotonic
     except BaseException as exc:  # even sys.exit() in a handler must not kill the slot
-        if _is_operational_error(exc):
-            # Maybe a lost connection, which transaction.atomic may already have
-            # replaced: the server may have cut the other slots' connections too.
-            _LostConnections.found()
-        _reset_broken_connections()
+        if in_worker:
+            if _is_operational_error(exc):
+                # Maybe a lost connection, which transaction.atomic may already have
+                # replaced: the server may have cut the other slots' connections too.
+                _LostConnections.found()
+            _reset_broken_connections()
         return _failed(running, exc)
     _send(signals.job_completed, job, result=value)
     result, note = result_json(value)
