@@ -188,6 +188,19 @@ def test_each_run_starts_with_the_next_system() -> None:
     ]
 
 
+def run_harness_script(script: str, dsn: str) -> subprocess.CompletedProcess[str]:
+    """Run ``python -c script dsn`` from the repository, outside the tests' settings."""
+    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
+    return subprocess.run(
+        [sys.executable, "-c", script, dsn],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 IMPORTED_BY_A_DRAIN = """
 import sys
 from bench.systems import harness_pgqueue as harness
@@ -208,15 +221,7 @@ def test_a_timed_drain_imports_none_of_the_workers_code() -> None:
     from django.db import connection
 
     dsn = with_database(os.environ["DATABASE_URL"], connection.settings_dict["NAME"])
-    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
-    result = subprocess.run(
-        [sys.executable, "-c", IMPORTED_BY_A_DRAIN, dsn],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_harness_script(IMPORTED_BY_A_DRAIN, dsn)
 
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "[]"
@@ -233,18 +238,10 @@ def test_the_harness_empties_a_baseline_database_that_predates_workflows() -> No
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("CREATE TABLE pgqueue_jobs (id int)")
             conn.execute("INSERT INTO pgqueue_jobs VALUES (1)")
-        env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
-        script = (
+        result = run_harness_script(
             "import sys; from bench.systems import harness_pgqueue as harness; "
-            "harness.setup_django(sys.argv[1]); harness._truncate()"
-        )
-        result = subprocess.run(
-            [sys.executable, "-c", script, dsn],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
+            "harness.setup_django(sys.argv[1]); harness._truncate()",
+            dsn,
         )
         assert result.returncode == 0, result.stderr[-3000:]
         with psycopg.connect(dsn) as conn:
