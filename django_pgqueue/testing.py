@@ -20,31 +20,36 @@ environment set up): a clear error otherwise, never a query against a real queue
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
+from asgiref.sync import async_to_sync
 from django.core import mail
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from . import conf, jobrows, registry, signals
+from . import conf, jobrows, registry, signals, validation
 from .exceptions import InvalidJobError
 from .models import Job
 from .registry import JobDefinition
-from .schema import JobStatus
+from .schema import JobStatus, literal
+from .worker import queries
 from .worker.async_slots import aexecute
-from .worker.execution import LOOP, PENDING, THREAD, RunningJob, execute
+from .worker.execution import LOOP, PENDING, THREAD, Outcome, RunningJob, execute
+from .worker.runner import finish_params
 
 __all__ = [
     "JobRun",
     "assert_enqueued",
     "capture_jobs",
+    "drain",
     "enqueued_jobs",
     "refute_enqueued",
     "run_job",
@@ -214,15 +219,119 @@ def run_job(
     """
     _require_test_environment()
     running = _running_job(job, data, attempt, using)
-    assert running.definition is not None
-    if running.definition.is_async:
-        running.kind = LOOP
-        outcome = asyncio.run(aexecute(running))
-    else:
-        running.kind = THREAD
-        outcome = execute(
-            running, running.job._state.db or conf.jobs_database(using), in_worker=False
+    return _job_run(running, _execute(running, running.job._state.db or conf.jobs_database(using)))
+
+
+def drain(
+    *,
+    queues: str | Sequence[str] | None = None,
+    job_types: str | Sequence[str] | None = None,
+    include_delayed: bool = False,
+    using: str | None = None,
+    max_runs: int = 1000,
+) -> list[JobRun]:
+    """Run every due job, and the jobs they enqueue or release, in the test's thread,
+    until none is due; return the runs in the order they ran.
+
+    ```python
+    def test_checkout_charges_then_emails(db):
+        checkout(order)
+        runs = drain()
+        assert [run.job.job_type for run in runs] == ["billing.charge", "emails.receipt"]
+        assert all(run.status == "completed" for run in runs)
+    ```
+
+    Each job is claimed as a worker claims it (due, in priority order, its queue not
+    paused, within its concurrency and rate limits), run as ``run_job()`` runs it, and
+    its outcome written as a worker writes it: a completed job is completed, a failed
+    one retried or failed, a workflow's next steps released. All of it on the test's
+    connection, so inside ``TestCase``'s transaction too. A retry is due only after its
+    delay, which passes no time here: with ``include_delayed=True``, delayed jobs and
+    retries count as due (their ``run_at`` is set to now), so a failing job runs until
+    its attempts are spent.
+
+    Args:
+        queues: Only these queues (a name or a list); ``None``: all.
+        job_types: Only these job types (a name or a list); ``None``: all.
+        include_delayed: Also run pending jobs whose time has not come.
+        using: The jobs database alias (default: the one ``JobsRouter`` picks).
+        max_runs: Stop with an ``AssertionError`` after so many runs while jobs are
+            still due (a job that enqueues another of its kind forever).
+    """
+    _require_test_environment()
+    queue_names = _names(queues, validation.queue, "queues")
+    type_names = _names(job_types, validation.job_type, "job_types")
+    if not isinstance(max_runs, int) or isinstance(max_runs, bool) or max_runs < 1:
+        raise InvalidJobError("max_runs", f"must be an integer of 1 or more, got {max_runs!r}")
+    alias = conf.jobs_database(using)
+    connection = connections[alias]
+    runs: list[JobRun] = []
+    while True:
+        connection.ensure_connection()
+        conn = connection.connection
+        if include_delayed:
+            psycopg.Cursor(conn).execute(
+                _DELAYED_DUE, [queue_names, queue_names, type_names, type_names], prepare=False
+            )
+        claimed = psycopg.Cursor(conn).execute(
+            queries.CLAIM,
+            [RUN_JOB_WORKER_ID, type_names, 1, queue_names, 1, None, None],
+            prepare=False,
         )
+        row = claimed.fetchone()
+        if row is None:
+            return runs
+        names = [column.name for column in claimed.description or []]
+        job_id = row[names.index("id")]
+        if len(runs) >= max_runs:
+            # Given back as a worker gives back a job it did not start.
+            unstarted = Outcome(job_id, PENDING, refund=1, unstarted=True)
+            psycopg.Cursor(conn).execute(
+                queries.FINISH, finish_params([unstarted], RUN_JOB_WORKER_ID), prepare=False
+            )
+            raise AssertionError(
+                f"drain() ran {max_runs} jobs and more are due: does a job enqueue "
+                "another without end? Pass a larger max_runs if it is expected."
+            )
+        job = Job.objects.using(alias).get(pk=job_id)
+        running = RunningJob(job=job, definition=registry.find_definition(job.job_type))
+        outcome = _execute(running, alias)
+        psycopg.Cursor(conn).execute(
+            queries.FINISH, finish_params([outcome], RUN_JOB_WORKER_ID), prepare=False
+        )
+        runs.append(_job_run(running, outcome))
+
+
+#: Makes a drain's delayed pending jobs due (``include_delayed``).
+_DELAYED_DUE = f"""
+UPDATE pgqueue_jobs SET run_at = now()
+ WHERE status = {literal(JobStatus.PENDING)} AND run_at > now()
+   AND (%s::text[] IS NULL OR queue = ANY (%s::text[]))
+   AND (%s::text[] IS NULL OR job_type = ANY (%s::text[]))
+"""
+
+
+def _names(values: str | Sequence[str] | None, check: Any, field: str) -> list[str] | None:
+    if values is None:
+        return None
+    names = [values] if isinstance(values, str) else list(values)
+    if not names:
+        raise InvalidJobError(field, "must name at least one, or be None for any")
+    return [check(name, field) for name in names]
+
+
+def _execute(running: RunningJob, alias: str) -> Outcome:
+    """Run ``running``'s handler in this thread; an async one on an event loop whose
+    sync calls (the async ORM's) come back to this thread, and its connection."""
+    definition = running.definition
+    if definition is not None and definition.is_async:
+        running.kind = LOOP
+        return async_to_sync(aexecute)(running)
+    running.kind = THREAD
+    return execute(running, alias, in_worker=False)
+
+
+def _job_run(running: RunningJob, outcome: Outcome) -> JobRun:
     pending = outcome.status == PENDING
     return JobRun(
         status=outcome.status,

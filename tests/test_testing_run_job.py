@@ -1,5 +1,6 @@
 """``django_pgqueue.testing.run_job()``: one run of a handler, in the test's thread, as a
-worker makes it, with what it decided returned rather than written."""
+worker makes it, with what it decided returned rather than written; and ``drain()``,
+every due job run so, with its outcome written."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import TestCase
 from django.utils import timezone
 
-from django_pgqueue import enqueue, job, registry, signals
+from django_pgqueue import Step, chain, enqueue, job, registry, signals
 from django_pgqueue.exceptions import InvalidJobError, UnknownJobTypeError
 from django_pgqueue.models import Job, JobStatus
-from django_pgqueue.testing import RUN_JOB_WORKER_ID, run_job
+from django_pgqueue.testing import RUN_JOB_WORKER_ID, drain, run_job
 from tests.testapp import jobs as test_jobs
-from tests.testapp.models import Execution
+from tests.testapp.models import Execution, Order
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -36,6 +37,11 @@ def write_then_fail(job):
 async def sleep_then_return(job):
     await asyncio.sleep(job.data.get("sleep", 0))
     return {"slept": job.data.get("sleep", 0)}
+
+
+async def read_order(job):
+    order = await Order.objects.aget(pk=job.data["order"])
+    return {"reference": order.reference}
 
 
 @pytest.fixture
@@ -178,3 +184,120 @@ class InATestCase(TestCase):
         self.assertEqual(outcome.status, "pending")
         self.assertFalse(Execution.objects.exists())  # rolled back to its savepoint
         self.assertEqual(Job.objects.get(pk=enqueued.pk).status, JobStatus.PENDING)
+
+
+# -- drain() ------------------------------------------------------------------------------
+
+
+def enqueue_forever(job):
+    enqueue("tests.kit_forever")
+
+
+@pytest.fixture
+def forever_job():
+    job("tests.kit_forever")(enqueue_forever)
+    yield
+    registry.unregister("tests.kit_forever")
+
+
+def test_drain_runs_a_workflow_to_its_end_and_writes_each_outcome():
+    workflow = chain(
+        Step("tests.accumulate", {"n": 1}),
+        Step("tests.accumulate", {"n": 2}),
+        Step("tests.accumulate", {"n": 3}),
+    ).enqueue()
+
+    runs = drain()
+
+    assert [run.status for run in runs] == ["completed"] * 3
+    assert [run.result["total"] for run in runs] == [1, 3, 6]  # each released by the last
+    rows = Job.objects.filter(pk__in=[j.pk for j in workflow.jobs])
+    assert {(row.status, row.attempts) for row in rows} == {(JobStatus.COMPLETED, 1)}
+
+
+def test_a_retry_is_not_due_during_a_drain_unless_delayed_jobs_are_included():
+    later = enqueue("tests.retry_later", {"delay": 3600})
+
+    (run,) = drain()
+
+    assert (run.status, run.retry_in) == ("pending", 3600.0)
+    row = Job.objects.get(pk=later.pk)
+    assert (row.status, row.attempts) == (JobStatus.PENDING, 1)
+
+    (second,) = drain(include_delayed=True)
+    assert second.status == "completed"  # tests.retry_later succeeds from attempt 2
+    assert Job.objects.get(pk=later.pk).status == JobStatus.COMPLETED
+
+
+def test_with_delayed_jobs_included_a_failing_job_runs_until_its_attempts_are_spent():
+    failing = enqueue("tests.fail")  # max_attempts=3
+    delayed = enqueue("tests.returns", {"n": 1}, delay=3600)
+
+    assert drain(job_types="tests.returns") == []
+    runs = drain(include_delayed=True)
+
+    assert sorted(run.status for run in runs) == ["completed", "failed", "pending", "pending"]
+    assert Job.objects.get(pk=failing.pk).status == JobStatus.FAILED
+    assert Job.objects.get(pk=delayed.pk).result == {"doubled": 2}
+
+
+def test_drain_takes_only_the_queues_and_job_types_it_is_given():
+    enqueue("tests.returns", {"n": 1}, queue="mail")
+    other = enqueue("tests.returns", {"n": 2}, queue="default")
+    noop = enqueue("tests.noop", queue="mail")
+
+    runs = drain(queues=["mail"], job_types="tests.returns")
+
+    assert [run.result for run in runs] == [{"doubled": 2}]
+    assert Job.objects.get(pk=other.pk).status == JobStatus.PENDING
+    assert Job.objects.get(pk=noop.pk).status == JobStatus.PENDING
+
+
+def test_a_drain_without_end_stops_at_max_runs_and_gives_the_next_job_back(forever_job):
+    enqueue("tests.kit_forever")
+
+    with pytest.raises(AssertionError, match="drain\\(\\) ran 5 jobs and more are due"):
+        drain(max_runs=5)
+
+    assert Job.objects.filter(status=JobStatus.COMPLETED).count() == 5
+    waiting = Job.objects.get(status=JobStatus.PENDING)
+    assert (waiting.attempts, waiting.worker_id) == (0, None)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "field"),
+    [
+        ({"queues": []}, "queues"),
+        ({"queues": ["bad queue!"]}, "queues"),
+        ({"job_types": "bad type!"}, "job_types"),
+        ({"max_runs": 0}, "max_runs"),
+        ({"max_runs": True}, "max_runs"),
+    ],
+)
+def test_bad_drain_arguments_are_refused(arguments, field):
+    with pytest.raises(InvalidJobError) as excinfo:
+        drain(**arguments)
+
+    assert excinfo.value.field == field
+
+
+class DrainInATestCase(TestCase):
+    databases = "__all__"
+
+    def test_an_async_handlers_orm_calls_see_the_test_transaction(self):
+        job("tests.kit_read_order")(read_order)
+        self.addCleanup(registry.unregister, "tests.kit_read_order")
+        order = Order.objects.create(reference="A-1")  # not committed: the test's own
+        enqueue("tests.kit_read_order", {"order": order.pk})
+
+        (run,) = drain()
+
+        self.assertEqual((run.status, run.result), ("completed", {"reference": "A-1"}))
+
+    def test_drain_runs_the_jobs_of_the_test_transaction(self):
+        enqueued = enqueue("tests.returns", {"n": 4})
+
+        (run,) = drain()
+
+        self.assertEqual(run.result, {"doubled": 8})
+        self.assertEqual(Job.objects.get(pk=enqueued.pk).status, JobStatus.COMPLETED)

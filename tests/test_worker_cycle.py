@@ -16,8 +16,8 @@ from django_pgqueue.worker.execution import Outcome
 from django_pgqueue.worker.runner import (
     Worker,
     _finish_completed_params,
-    _finish_params,
     _finish_statement,
+    finish_params,
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -69,7 +69,7 @@ def test_plain_completions_are_written_as_the_general_statement_writes_them(work
     conn = worker._db()
     with conn.transaction():  # one transaction: both statements see the same now()
         conn.execute(queries.FINISH_COMPLETED, _finish_completed_params(outcomes, "cycle-worker"))
-        conn.execute(queries.FINISH, _finish_params(same_for_second, "cycle-worker"))
+        conn.execute(queries.FINISH, finish_params(same_for_second, "cycle-worker"))
 
     lean, general = row(first.id), row(second.id)
     differ = {"id", "data", "created_at", "run_at", "claimed_at", "heartbeat_at"}
@@ -94,7 +94,7 @@ def test_plain_completions_of_jobs_started_at_once_keep_the_claims_start_time(wo
     assert _finish_statement(outcomes, worker.worker_id)[0] == queries.FINISH_COMPLETED
     conn = worker._db()
     conn.execute(queries.FINISH_COMPLETED, _finish_completed_params(outcomes[:1], "cycle-worker"))
-    conn.execute(queries.FINISH, _finish_params(outcomes[1:], "cycle-worker"))
+    conn.execute(queries.FINISH, finish_params(outcomes[1:], "cycle-worker"))
 
     assert row(first.id)["status"] == row(second.id)["status"] == JobStatus.COMPLETED
     assert row(first.id)["started_at"] == row(second.id)["started_at"] == claimed_start

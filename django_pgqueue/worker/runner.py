@@ -914,7 +914,7 @@ def _finish_statement(outcomes: list[Outcome], worker_id: str) -> tuple[str, lis
     when every job completed with no result and no note, else ``FINISH``."""
     if all(o.status == COMPLETED and o.result is None and o.error is None for o in outcomes):
         return queries.FINISH_COMPLETED, _finish_completed_params(outcomes, worker_id)
-    return queries.FINISH, _finish_params(outcomes, worker_id)
+    return queries.FINISH, finish_params(outcomes, worker_id)
 
 
 def _finish_completed_params(outcomes: list[Outcome], worker_id: str) -> list[Any]:
@@ -925,7 +925,8 @@ def _finish_completed_params(outcomes: list[Outcome], worker_id: str) -> list[An
     ]
 
 
-def _finish_params(outcomes: list[Outcome], worker_id: str) -> list[Any]:
+def finish_params(outcomes: list[Outcome], worker_id: str) -> list[Any]:
+    """The parameters of ``queries.FINISH`` recording ``outcomes`` of ``worker_id``'s jobs."""
     return [
         [o.job_id for o in outcomes],
         [o.status for o in outcomes],
