@@ -28,6 +28,7 @@ from ..exceptions import (
     Snooze,
     UnknownJobTypeError,
 )
+from ..logfields import job_fields
 from ..schema import MAX_DELAY_SECONDS, JobStatus
 
 if TYPE_CHECKING:
@@ -264,6 +265,7 @@ def log_receiver_errors(responses: Iterable[tuple[Any, Any]], job: Job) -> None:
                 receiver,
                 job.id,
                 exc_info=(type(response), response, response.__traceback__),
+                extra=job_fields(job),
             )
 
 

@@ -15,6 +15,7 @@ from django.db import DatabaseError, connections
 from django.utils import timezone
 
 from ..exceptions import PgQueueError
+from ..logfields import job_fields
 from ..periodic import enqueue_due_ticks, next_tick
 from ..pruning import prune_by_settings
 from ..rate_limits import prune_rate_starts
@@ -140,11 +141,18 @@ class Heartbeat(threading.Thread):
             still_ours.add(job_id)
             running = held.get(job_id)
             if running and cancel_requested and not running.cancel_event.is_set():
-                logger.info("cancellation requested for job %s", job_id)
+                logger.info(
+                    "cancellation requested for job %s", job_id, extra=job_fields(running.job)
+                )
                 running.cancel_event.set()
         for job_id, running in held.items():
             if job_id not in still_ours and running.outcome is None:
                 # Recovery gave the job to someone else (our heartbeat was late): ask the
                 # handler to stop; whatever it reports will not be recorded.
-                logger.warning("job %s is no longer held by %s", job_id, self._worker_id)
+                logger.warning(
+                    "job %s is no longer held by %s",
+                    job_id,
+                    self._worker_id,
+                    extra=job_fields(running.job),
+                )
                 running.cancel_event.set()

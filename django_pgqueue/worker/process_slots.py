@@ -34,6 +34,7 @@ from multiprocessing.process import BaseProcess
 
 from django.db import connections
 
+from ..logfields import job_fields
 from . import child as child_module
 from .execution import CANCELLED, Outcome, RunningJob, handed_back, retry_or_fail
 from .slots import take_unstarted
@@ -162,7 +163,12 @@ class _Slot(threading.Thread):
         try:
             process, conn = self._child()
         except ChildStartError as exc:
-            logger.error("could not start a child process for job %s: %s", job.id, exc)
+            logger.error(
+                "could not start a child process for job %s: %s",
+                job.id,
+                exc,
+                extra=job_fields(job),
+            )
             return retry_or_fail(
                 running, f"ChildProcessError: the child process did not start: {exc}", "", None
             )
@@ -237,7 +243,9 @@ class _Slot(threading.Thread):
     def _died(self, running: RunningJob, process: BaseProcess) -> Outcome:
         process.join(1)
         how = _how_it_ended(process.exitcode)
-        logger.error("the process running job %s %s", running.job.id, how)
+        logger.error(
+            "the process running job %s %s", running.job.id, how, extra=job_fields(running.job)
+        )
         self._forget()
         return retry_or_fail(
             running, f"ChildProcessError: the process running the handler {how}", "", None

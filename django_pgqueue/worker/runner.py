@@ -28,6 +28,7 @@ import psycopg
 from .. import conf, registry, validation
 from ..exceptions import InvalidArgumentError, InvalidWorkerOptionError
 from ..inserts import NOTIFY_COALESCE_SECONDS
+from ..logfields import job_fields
 from ..models import Job
 from ..sideconn import open_raw_connection
 from . import queries
@@ -784,7 +785,11 @@ class Worker:
                     # it is abandoned once the grace period is over, as below.
                     running.timeout_signalled_at = now
                     continue
-                logger.warning("job %s ran past its timeout; interrupting it", job_id)
+                logger.warning(
+                    "job %s ran past its timeout; interrupting it",
+                    job_id,
+                    extra=job_fields(running.job),
+                )
                 interrupt(running)
             elif now - running.timeout_signalled_at > TIMEOUT_GRACE:
                 # The handler ignores the interruption (blocked in C code, or swallowed
@@ -794,6 +799,7 @@ class Worker:
                     "job %s did not stop after its timeout; abandoning it%s",
                     job_id,
                     " (the event loop is blocked)" if running.on_loop else "",
+                    extra=job_fields(running.job),
                 )
                 del self._running[job_id]
                 self._abandoned[job_id] = running
@@ -943,13 +949,15 @@ def finish_params(outcomes: list[Outcome], worker_id: str) -> list[Any]:
 
 
 def _log_outcome(job: Job, outcome: Outcome) -> None:
+    fields = job_fields(job)
     if outcome.status == COMPLETED:
-        logger.debug("job %s (%s) completed", job.id, job.job_type)
+        logger.debug("job %s (%s) completed", job.id, job.job_type, extra=fields)
     elif outcome.status == PENDING and outcome.refund and not outcome.snoozed:
         logger.info(
             "job %s (%s) not started by the moment its rate limit counted it at: handed back",
             job.id,
             job.job_type,
+            extra=fields,
         )
     elif outcome.snoozed:
         logger.info(
@@ -958,6 +966,7 @@ def _log_outcome(job: Job, outcome: Outcome) -> None:
             job.job_type,
             outcome.delay,
             job.snoozes + 1,
+            extra=fields,
         )
     elif outcome.status == PENDING:
         logger.warning(
@@ -968,11 +977,12 @@ def _log_outcome(job: Job, outcome: Outcome) -> None:
             job.max_attempts,
             outcome.delay,
             outcome.error,
+            extra=fields,
         )
     elif outcome.status == CANCELLED:
-        logger.info("job %s (%s) cancelled", job.id, job.job_type)
+        logger.info("job %s (%s) cancelled", job.id, job.job_type, extra=fields)
     else:
-        logger.error("job %s (%s) failed: %s", job.id, job.job_type, outcome.error)
+        logger.error("job %s (%s) failed: %s", job.id, job.job_type, outcome.error, extra=fields)
 
 
 def _names(values: Iterable[str] | None, check: Any, field: str) -> list[str] | None:

@@ -1,0 +1,28 @@
+"""The fields every log record about a job carries, for structured logging.
+
+Passed as ``extra``, they become attributes of the ``LogRecord``: a JSON formatter
+(python-json-logger, structlog's standard-library integration) emits them as keys,
+while the default formatter shows the message alone, which names the job already.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .models import Job
+
+#: The names of the fields, in the order a formatter might list them.
+JOB_FIELDS = ("job_id", "job_type", "queue", "attempt", "worker_id")
+
+
+def job_fields(job: Job) -> dict[str, Any]:
+    """``extra`` for a record about ``job``: its id (as text), type, queue, attempt
+    number (``attempts``, 0 before its first run) and the worker holding it (or None)."""
+    return {
+        "job_id": str(job.id),
+        "job_type": job.job_type,
+        "queue": job.queue,
+        "attempt": job.attempts,
+        "worker_id": job.worker_id,
+    }
