@@ -7,6 +7,7 @@ while the default formatter shows the message alone, which names the job already
 
 from __future__ import annotations
 
+import uuid
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -19,10 +20,11 @@ JOB_FIELDS = ("job_id", "job_type", "queue", "attempt", "worker_id")
 def job_fields(job: Job) -> dict[str, Any]:
     """``extra`` for a record about ``job``: its id (as text), type, queue, attempt
     number (``attempts``, 0 before its first run) and the worker holding it (or None)."""
-    return {
-        "job_id": str(job.id),
-        "job_type": job.job_type,
-        "queue": job.queue,
-        "attempt": job.attempts,
-        "worker_id": job.worker_id,
-    }
+    return fields(job.id, job.job_type, job.queue, job.attempts, job.worker_id)
+
+
+def fields(
+    job_id: uuid.UUID, job_type: str, queue: str | None, attempt: int, worker_id: str | None
+) -> dict[str, Any]:
+    """``extra`` for a record about a job known by these values (``None``: unknown)."""
+    return dict(zip(JOB_FIELDS, (str(job_id), job_type, queue, attempt, worker_id), strict=True))

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from django.db import connections, transaction
 from django.utils import timezone as django_timezone
 
-from . import conf, registry, validation
+from . import conf, logfields, registry, validation
 from .cron import Schedule
 from .enqueue import enqueue
 from .exceptions import (
@@ -226,6 +226,7 @@ def _handle(
         tick.isoformat(),
         f" ({late:.0f}s late)" if late >= 60 else "",
         job.id,
+        extra=logfields.job_fields(job),
     )
     return job
 

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from django.db import connections
 
-from . import conf, held
+from . import conf, held, logfields
 from .schema import IN_FLIGHT, JobStatus, literal, status_in
 
 logger = logging.getLogger("django_pgqueue.recovery")
@@ -87,6 +87,10 @@ def recover_stale_jobs(
                 job.previous_worker_id,
                 job.new_status,
                 job.attempts,
+                # The worker the job leaves; its queue is not read back.
+                extra=logfields.fields(
+                    job.id, job.job_type, None, job.attempts, job.previous_worker_id
+                ),
             )
     return recovered
 

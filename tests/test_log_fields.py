@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import logging
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from django_pgqueue import enqueue
 from django_pgqueue.logfields import JOB_FIELDS
+from django_pgqueue.recovery import recover_stale_jobs
 from django_pgqueue.worker import Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -60,3 +63,18 @@ def test_the_fields_make_a_json_line_with_a_plain_formatter(caplog):
         "attempt": 1,
         "worker_id": "json-worker",
     }
+
+
+def test_a_recovered_jobs_record_names_it_and_the_worker_it_leaves(caplog, make_job):
+    stale = make_job(
+        status="running",
+        worker_id="gone-worker",
+        attempts=1,
+        heartbeat_at=timezone.now() - timedelta(hours=1),
+    )
+
+    with caplog.at_level(logging.WARNING, logger="django_pgqueue.recovery"):
+        recover_stale_jobs(stale_after=60)
+
+    (record,) = records_about(caplog, stale)
+    assert (record.job_type, record.attempt, record.worker_id) == ("tests.noop", 1, "gone-worker")
