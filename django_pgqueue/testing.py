@@ -31,12 +31,12 @@ import psycopg
 from asgiref.sync import async_to_sync
 from django.core import mail
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections
+from django.db import connections, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
 from . import conf, jobrows, registry, signals, validation
-from .exceptions import InvalidJobError
+from .exceptions import InvalidJobError, JobFailedError
 from .models import Job
 from .registry import JobDefinition
 from .schema import JobStatus, literal
@@ -51,6 +51,7 @@ __all__ = [
     "capture_jobs",
     "drain",
     "enqueued_jobs",
+    "immediate",
     "refute_enqueued",
     "run_job",
 ]
@@ -300,6 +301,73 @@ def drain(
             queries.FINISH, finish_params([outcome], RUN_JOB_WORKER_ID), prepare=False
         )
         runs.append(_job_run(running, outcome))
+
+
+@contextmanager
+def immediate(*, raise_errors: bool = True, using: str | None = None) -> Iterator[list[JobRun]]:
+    """Run jobs in the test's thread as soon as the transaction that enqueued them
+    commits; the block receives the list of runs, filled as they happen.
+
+    ```python
+    def test_signing_up_sends_the_welcome_email(db):
+        with immediate() as runs:
+            client.post("/signup/", {"email": "ada@example.com"})
+
+        assert [run.job.job_type for run in runs] == ["emails.welcome"]
+        assert mail.outbox[0].to == ["ada@example.com"]
+    ```
+
+    At each commit of a transaction that enqueued a job (at once in autocommit), every
+    due job runs as ``drain()`` runs it, the jobs they enqueue too, with their outcomes
+    written. Inside ``TestCase`` nothing commits: the jobs run when the ``on_commit``
+    callbacks do, under ``captureOnCommitCallbacks(execute=True)`` or pytest-django's
+    ``django_capture_on_commit_callbacks``. Also a decorator: ``@immediate()``.
+
+    Args:
+        raise_errors: Raise ``JobFailedError`` in the test when a job's attempt fails
+            (retried or not), with its error and traceback in the message; ``False``:
+            the failure is only in the runs.
+        using: The jobs database alias (default: the one ``JobsRouter`` picks).
+    """
+    _require_test_environment()
+    alias = conf.jobs_database(using)
+    runs: list[JobRun] = []
+    draining = False
+
+    def run_due() -> None:
+        nonlocal draining
+        if draining:  # a job enqueued by a running job: the drain takes it too
+            return
+        draining = True
+        try:
+            ran = drain(using=alias)
+        finally:
+            draining = False
+        runs.extend(ran)
+        failed = next((run for run in ran if _attempt_failed(run)), None)
+        if raise_errors and failed is not None:
+            job = failed.job
+            raise JobFailedError(
+                f"job {job.id} ({job.job_type}) failed on attempt {job.attempts}"
+                f"{' (it would be retried)' if failed.status == PENDING else ''}: "
+                f"{failed.error}\n\n{failed.traceback}",
+                job_id=job.id,
+                error=failed.error,
+            )
+
+    def on_enqueued(sender: Any, job: Job, **kwargs: Any) -> None:
+        if (job._state.db or alias) == alias:
+            transaction.on_commit(run_due, using=alias)
+
+    signals.job_enqueued.connect(on_enqueued, weak=False)
+    try:
+        yield runs
+    finally:
+        signals.job_enqueued.disconnect(on_enqueued)
+
+
+def _attempt_failed(run: JobRun) -> bool:
+    return run.status == JobStatus.FAILED or (run.status == PENDING and not run.snoozed)
 
 
 #: Makes a drain's delayed pending jobs due (``include_delayed``).

@@ -9,13 +9,14 @@ import asyncio
 import pytest
 from django.core import mail
 from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
 from django.test import TestCase
 from django.utils import timezone
 
 from django_pgqueue import Step, chain, enqueue, job, registry, signals
-from django_pgqueue.exceptions import InvalidJobError, UnknownJobTypeError
+from django_pgqueue.exceptions import InvalidJobError, JobFailedError, UnknownJobTypeError
 from django_pgqueue.models import Job, JobStatus
-from django_pgqueue.testing import RUN_JOB_WORKER_ID, drain, run_job
+from django_pgqueue.testing import RUN_JOB_WORKER_ID, drain, immediate, run_job
 from tests.testapp import jobs as test_jobs
 from tests.testapp.models import Execution, Order
 
@@ -301,3 +302,71 @@ class DrainInATestCase(TestCase):
 
         self.assertEqual(run.result, {"doubled": 8})
         self.assertEqual(Job.objects.get(pk=enqueued.pk).status, JobStatus.COMPLETED)
+
+
+# -- immediate() --------------------------------------------------------------------------
+
+
+def test_in_autocommit_an_enqueued_job_runs_at_once():
+    with immediate() as runs:
+        enqueued = enqueue("tests.returns", {"n": 5})
+        assert [run.result for run in runs] == [{"doubled": 10}]
+
+    assert Job.objects.get(pk=enqueued.pk).status == JobStatus.COMPLETED
+
+
+def test_a_job_runs_when_its_transaction_commits_and_not_if_it_rolls_back():
+    with immediate() as runs:
+        with transaction.atomic():
+            kept = enqueue("tests.returns", {"n": 1})
+            assert runs == []  # not committed yet
+        assert [run.job.id for run in runs] == [kept.id]
+
+        with pytest.raises(RuntimeError), transaction.atomic():
+            enqueue("tests.returns", {"n": 2})
+            raise RuntimeError("rolled back")
+    assert len(runs) == 1
+
+
+def test_the_jobs_a_job_releases_run_in_the_same_commit():
+    with immediate() as runs:
+        chain(Step("tests.accumulate", {"n": 1}), Step("tests.accumulate", {"n": 2})).enqueue()
+
+    assert [run.result["total"] for run in runs] == [1, 3]
+
+
+def test_a_failed_attempt_raises_in_the_test_with_its_traceback():
+    with immediate(), pytest.raises(JobFailedError) as excinfo:
+        enqueue("tests.fail")
+
+    message = str(excinfo.value)
+    assert "(tests.fail) failed on attempt 1 (it would be retried): RuntimeError: boom" in message
+    assert "Traceback (most recent call last)" in message
+
+
+def test_failures_can_be_left_to_the_runs():
+    with immediate(raise_errors=False) as runs:
+        enqueue("tests.fail_now")
+
+    assert [(run.status, run.error) for run in runs] == [
+        ("failed", "FailJob: the input is unusable")
+    ]
+
+
+def test_immediate_refuses_to_run_outside_a_test_environment(monkeypatch):
+    monkeypatch.delattr(mail, "outbox")
+
+    with pytest.raises(ImproperlyConfigured), immediate():
+        pass
+
+
+class ImmediateInATestCase(TestCase):
+    databases = "__all__"
+
+    @immediate()
+    def test_jobs_run_with_the_on_commit_callbacks(self):
+        with self.captureOnCommitCallbacks(execute=True):
+            enqueued = enqueue("tests.returns", {"n": 3})
+            self.assertEqual(Job.objects.get(pk=enqueued.pk).status, JobStatus.PENDING)
+
+        self.assertEqual(Job.objects.get(pk=enqueued.pk).result, {"doubled": 6})
