@@ -8,6 +8,7 @@
 #   make lint    ruff check, ruff format --check and the import layers (lint-imports)
 #   make typecheck  mypy (strict, with django-stubs) on django_pgqueue/
 #   make docs    build the documentation (mkdocs --strict)
+#   make release-check  build the wheel and sdist, check them, install the wheel and run a job
 #   make bench   benchmark against the peers and pgbench (~20 min; BENCH_ARGS=--quick)
 #   make bench-steady  long run of drains with and without pruning (BENCH_ARGS=--quick)
 #
@@ -31,7 +32,7 @@ BIN6 := $(abspath $(VENV6))/bin
 WITH_POSTGRES := PATH="$(BIN):$$PATH" $(PY) scripts/with_postgres.py --
 
 .DEFAULT_GOAL := help
-.PHONY: help demo serve test test-django6 lint typecheck docs bench bench-steady clean
+.PHONY: help demo serve test test-django6 lint typecheck docs release-check bench bench-steady clean
 
 help:
 	@sed -n 's/^#   //p' $(MAKEFILE_LIST)
@@ -82,6 +83,11 @@ typecheck: $(VENV)/.installed-dev
 
 docs: $(VENV)/.installed-docs
 	$(BIN)/mkdocs build --strict
+
+# The release as PyPI would get it, installed in a new virtualenv against a throwaway
+# PostgreSQL (or $DATABASE_URL): scripts/check_release.py says what it checks.
+release-check: $(VENV)/.installed-release
+	$(WITH_POSTGRES) python scripts/check_release.py
 
 # Starts its own durable PostgreSQL (never $DATABASE_URL's: tests tune theirs for speed);
 # BENCH_ARGS="--database-url URL" to use another server. Results go to bench/results/.
