@@ -23,7 +23,7 @@ from django_pgqueue.models import Job
 from django_pgqueue.recovery import recover_stale_jobs
 from django_pgqueue.worker import queries
 from django_pgqueue.worker.execution import Outcome
-from django_pgqueue.worker.runner import _finish_params
+from django_pgqueue.worker.runner import finish_params
 
 pytestmark = pytest.mark.django_db
 
@@ -66,7 +66,7 @@ class JobStateMachine(RuleBasedStateMachine):
             cursor.execute(
                 queries.FINISH,
                 # The worker's own parameter builder, so this stays the worker's statement.
-                _finish_params(
+                finish_params(
                     [
                         Outcome(job_id, status, refund=refund, error="boom")
                         for job_id, status, refund in outcomes
