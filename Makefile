@@ -4,7 +4,7 @@
 #   make demo    run the example project's end-to-end demo on a throwaway PostgreSQL
 #   make serve   run the example shop (admin + worker) on a throwaway PostgreSQL
 #   make test    run the test suite on a throwaway PostgreSQL
-#   make test-django6  the same on Django 6 (in .venv-dj6, with Python 3.12+ from PYTHON6)
+#   make test-django6  the same on Django 6.1 (DJANGO6=6.0 for 6.0; Python 3.12+ from PYTHON6)
 #   make lint    ruff check, ruff format --check and the import layers (lint-imports)
 #   make typecheck  mypy (strict, with django-stubs) on django_pgqueue/
 #   make docs    build the documentation (mkdocs --strict)
@@ -24,7 +24,9 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 # Django 6 needs Python 3.12+: by default the newest 3.12/3.13 that pyenv has.
 PYTHON6 ?= $(shell ls -d $(HOME)/.pyenv/versions/3.1[23]*/bin/python3.1[23] 2>/dev/null | sort -V | tail -n 1)
-VENV6 ?= .venv-dj6
+# The Django 6 release to test: 6.1, or DJANGO6=6.0 (a virtualenv each).
+DJANGO6 ?= 6.1
+VENV6 ?= .venv-dj$(DJANGO6)
 BIN6 := $(abspath $(VENV6))/bin
 
 # The embedded PostgreSQL (or $DATABASE_URL) for one command; the venv's python first
@@ -66,7 +68,7 @@ test: $(VENV)/.installed-dev
 $(VENV6)/.installed-django6: pyproject.toml
 	@test -n "$(PYTHON6)" || { echo "no Python 3.12+ found: make test-django6 PYTHON6=/path/to/python3.12"; exit 1; }
 	test -x $(BIN6)/python || $(PYTHON6) -m venv $(VENV6)
-	$(BIN6)/python -m pip install --quiet --disable-pip-version-check -e ".[dev]" "Django>=6,<7"
+	$(BIN6)/python -m pip install --quiet --disable-pip-version-check -e ".[dev]" "Django~=$(DJANGO6).0"
 	@touch $@
 
 test-django6: $(VENV6)/.installed-django6
