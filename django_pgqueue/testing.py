@@ -260,8 +260,8 @@ def drain(
             still due (a job that enqueues another of its kind forever).
     """
     _require_test_environment()
-    queue_names = _names(queues, validation.queue, "queues")
-    type_names = _names(job_types, validation.job_type, "job_types")
+    queue_names = validation.names(queues, validation.queue, "queues")
+    type_names = validation.names(job_types, validation.job_type, "job_types")
     if not isinstance(max_runs, int) or isinstance(max_runs, bool) or max_runs < 1:
         raise InvalidJobError("max_runs", f"must be an integer of 1 or more, got {max_runs!r}")
     alias = conf.jobs_database(using)
@@ -377,15 +377,6 @@ UPDATE pgqueue_jobs SET run_at = now()
    AND (%s::text[] IS NULL OR queue = ANY (%s::text[]))
    AND (%s::text[] IS NULL OR job_type = ANY (%s::text[]))
 """
-
-
-def _names(values: str | Sequence[str] | None, check: Any, field: str) -> list[str] | None:
-    if values is None:
-        return None
-    names = [values] if isinstance(values, str) else list(values)
-    if not names:
-        raise InvalidJobError(field, "must name at least one, or be None for any")
-    return [check(name, field) for name in names]
 
 
 def _execute(running: RunningJob, alias: str) -> Outcome:

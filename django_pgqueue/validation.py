@@ -13,11 +13,12 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from . import schema
-from .exceptions import InvalidJobError
+from .exceptions import InvalidArgumentError, InvalidJobError
 
 _JOB_TYPE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/\-]*$")
 _QUEUE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]*$")
@@ -311,3 +312,21 @@ def payload(value: Any, field: str = "data", *, max_bytes: int) -> str:
             "(PGQUEUE['MAX_PAYLOAD_BYTES']); store large content elsewhere and pass a reference",
         )
     return text
+
+
+def names(
+    values: Iterable[str] | None,
+    check: Callable[[Any, str], str],
+    field: str,
+    error: type[InvalidArgumentError] = InvalidJobError,
+) -> list[str] | None:
+    """A filter of names (queues, job types): ``None`` for any, one name or several,
+    each passed through ``check``; an empty one raises ``error``."""
+    if values is None:
+        return None
+    if isinstance(values, str):
+        values = [values]
+    checked = [check(value, field) for value in values]
+    if not checked:
+        raise error(field, "must name at least one, or be None for any")
+    return checked

@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
@@ -290,8 +290,10 @@ class Worker:
         poll_interval: float | None,
         shutdown_grace: float | None,
     ) -> None:
-        self.queues = _names(queues, validation.queue, "queues")
-        self.job_types = _names(job_types, validation.job_type, "job_types")
+        self.queues = validation.names(queues, validation.queue, "queues", InvalidWorkerOptionError)
+        self.job_types = validation.names(
+            job_types, validation.job_type, "job_types", InvalidWorkerOptionError
+        )
         self.concurrency = _bounded_int(concurrency, "concurrency", MAX_CONCURRENCY)
         self.async_concurrency = _bounded_int(
             settings.ASYNC_CONCURRENCY if async_concurrency is None else async_concurrency,
@@ -983,17 +985,6 @@ def _log_outcome(job: Job, outcome: Outcome) -> None:
         logger.info("job %s (%s) cancelled", job.id, job.job_type, extra=fields)
     else:
         logger.error("job %s (%s) failed: %s", job.id, job.job_type, outcome.error, extra=fields)
-
-
-def _names(values: Iterable[str] | None, check: Any, field: str) -> list[str] | None:
-    if values is None:
-        return None
-    if isinstance(values, str):
-        values = [values]
-    names = [check(value, field) for value in values]
-    if not names:
-        raise InvalidWorkerOptionError(field, "must name at least one, or be None for any")
-    return names
 
 
 def _bounded_int(value: Any, field: str, maximum: int, *, minimum: int = 1) -> int:
