@@ -951,10 +951,13 @@ def finish_params(outcomes: list[Outcome], worker_id: str) -> list[Any]:
 
 
 def _log_outcome(job: Job, outcome: Outcome) -> None:
-    fields = job_fields(job)
     if outcome.status == COMPLETED:
-        logger.debug("job %s (%s) completed", job.id, job.job_type, extra=fields)
-    elif outcome.status == PENDING and outcome.refund and not outcome.snoozed:
+        # Once per job on the hot path, usually not logged: no fields built for nothing.
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("job %s (%s) completed", job.id, job.job_type, extra=job_fields(job))
+        return
+    fields = job_fields(job)
+    if outcome.status == PENDING and outcome.refund and not outcome.snoozed:
         logger.info(
             "job %s (%s) not started by the moment its rate limit counted it at: handed back",
             job.id,
