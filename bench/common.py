@@ -121,9 +121,10 @@ def worker_entry(run: Callable[[], None], setup: Callable[[], None] | None = Non
     line = sys.stdin.readline()
     if line.strip() != "go":
         return
-    start = time.time()
+    start, cpu = time.time(), time.process_time()
     run()
-    print(json.dumps({"start": start, "end": time.time()}), flush=True)
+    end, cpu = time.time(), time.process_time() - cpu
+    print(json.dumps({"start": start, "end": end, "cpu": cpu}), flush=True)
 
 
 @dataclass
@@ -131,6 +132,9 @@ class WorkerGroup:
     """Worker processes started by a harness, released together."""
 
     processes: list[subprocess.Popen[str]]
+    #: CPU seconds the workers spent from ``go`` to their end, all threads counted
+    #: (known once :meth:`wait` returns; an older harness's workers may not report it).
+    cpu: float = 0.0
 
     @classmethod
     def start(cls, commands: Sequence[Sequence[str]], env: dict[str, str] | None = None):
@@ -187,6 +191,7 @@ class WorkerGroup:
                 times = json.loads(out.strip().splitlines()[-1])
                 starts.append(times["start"])
                 ends.append(times["end"])
+                self.cpu += times.get("cpu", 0.0)
         except BaseException:
             self.kill()
             raise
@@ -209,6 +214,50 @@ class WorkerGroup:
             if process.poll() is None:
                 process.kill()
                 process.wait()
+
+
+def postmaster(backend_pid: int) -> int | None:
+    """The pid of the PostgreSQL server that runs backend ``backend_pid`` (the result of
+    ``pg_backend_pid()``), or ``None`` when it is not a process ``/proc`` shows here."""
+    try:
+        if not Path(f"/proc/{backend_pid}/comm").read_text().startswith("postgres"):
+            return None  # a server elsewhere: this pid is another process, or none
+        return _proc_stat(backend_pid)[1]
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def server_cpu(postmaster_pid: int | None) -> float | None:
+    """CPU seconds the PostgreSQL server ``postmaster_pid`` (see :func:`postmaster`) has
+    spent so far: the postmaster, its live children and every child it has reaped.
+
+    The difference of two readings is the server's cost of what ran between them: every
+    backend, the WAL writer, the checkpointer and autovacuum counted alike.
+    """
+    if postmaster_pid is None:
+        return None
+    try:
+        fields = _proc_stat(postmaster_pid)
+    except (OSError, IndexError, ValueError):
+        return None
+    ticks = fields[11] + fields[12] + fields[13] + fields[14]  # utime stime cutime cstime
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                child = _proc_stat(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                continue  # exited meanwhile (its time is then the postmaster's)
+            if child[1] == postmaster_pid:
+                ticks += child[11] + child[12]
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _proc_stat(pid: int) -> list[int]:
+    """The numeric fields of ``/proc/PID/stat`` after the command name: index 0 is the
+    state's place, 1 the parent's pid, 11-14 utime, stime, cutime and cstime."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    rest = text[text.rindex(")") + 2 :].split()
+    return [0, *(int(value) for value in rest[1:])]
 
 
 def module_command(module: str, *args: str) -> list[str]:

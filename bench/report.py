@@ -670,6 +670,9 @@ def _color(system: str) -> str:
     }.get(system, "#777777")
 
 
+#: The sides of a drain whose CPU time is counted: the workers and the server.
+CPU_SIDES = ("worker", "server")
+
 #: The least ratio to the baseline a figure may show (``--baseline``).
 BASELINE_GOAL = 0.97
 
@@ -711,6 +714,37 @@ def baseline_section(results: Results) -> list[str]:
         "| Figure | Target | Measured | Verdict | Working tree against baseline (jobs/s) |",
         "|---|---|---|---|---|",
         *(target.row() for target in rows),
+        "",
+        *_cpu_table(results),
+    ]
+
+
+def _cpu_table(results: Results) -> list[str]:
+    """CPU time per job of the drains compared with the baseline: the workers' and the
+    server's, each a median over the runs. Less blurred than a rate by what else the
+    machine runs, it shows on which side a difference of rates lies."""
+    rows = []
+    for workload, variant in baseline.COMPARED:
+        for side in CPU_SIDES:
+            ours = results.find("pgqueue", f"{workload}-{side}-cpu", variant)
+            before = results.find(baseline.NAME, f"{workload}-{side}-cpu", variant)
+            if ours is None or before is None or not ours.values or not before.values:
+                continue
+            ratio = _ratio(ours.median, before.median)
+            rows.append(
+                f"| {workload} {variant} | {side} | {ours.median:,.1f} "
+                f"({min(ours.values):,.1f}-{max(ours.values):,.1f}) | {before.median:,.1f} "
+                f"({min(before.values):,.1f}-{max(before.values):,.1f}) | {ratio:.3f}x |"
+            )
+    if not rows:
+        return []
+    return [
+        "CPU time per job, in microseconds (medians, min-max): the worker processes (every "
+        "thread, from `go` to their exit) and the PostgreSQL server (every process of it).",
+        "",
+        "| Figure | Side | Working tree | Baseline | Ratio |",
+        "|---|---|---|---|---|",
+        *rows,
         "",
     ]
 

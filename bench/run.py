@@ -688,7 +688,11 @@ class Bench:
         if jobs is None:
             jobs = self.size(key, nominal, measure)
         label = " ".join(part for part in (key[1], f"run {run}", key[0], key[2]) if part)
-        self.record(figure, f"{label} ({jobs:,} jobs)", lambda: measure(jobs))
+        result = self.record(figure, f"{label} ({jobs:,} jobs)", lambda: measure(jobs))
+        for side in report.CPU_SIDES:
+            if result and result.get(f"{side}_cpu") is not None and result.get("jobs"):
+                cpu = self.results.figure(key[0], f"{key[1]}-{side}-cpu", key[2])
+                cpu.values.append(1e6 * result[f"{side}_cpu"] / result["jobs"])
 
     def enqueue(self, workload: str, command: str, nominal: int) -> None:
         pgqueue = self._pgqueue()

@@ -95,6 +95,20 @@ def test_bench_smoke_run_measures_every_workload(tmp_path: Path) -> None:
     assert re.fullmatch(r"[\d.]+", kept) and int(peak) <= 20, lines[header + 4]
     assert (tmp_path / "results.json").exists()
     assert not (tmp_path / "chart.png").exists()
+    # Each drain's CPU time per job: the workers', and the server's when it runs here.
+    figures = json.loads((tmp_path / "results.json").read_text())["figures"]
+    cpu = {(f["workload"], f["variant"]): f["values"] for f in figures if "-cpu" in f["workload"]}
+    assert all(value > 0 for value in cpu[("W3-worker-cpu", "1x4")]), cpu
+    if _server_is_local():
+        assert all(value > 0 for value in cpu[("W3-server-cpu", "1x4")]), cpu
+
+
+def _server_is_local() -> bool:
+    from bench.common import postmaster
+
+    with psycopg.connect(os.environ["DATABASE_URL"]) as conn:
+        (pid,) = conn.execute("SELECT pg_backend_pid()").fetchone() or (0,)
+        return postmaster(pid) is not None
 
 
 def test_bench_steady_smoke_run_measures_both_modes(tmp_path: Path) -> None:
@@ -142,6 +156,28 @@ def test_a_baseline_run_reports_each_figure_as_a_ratio_to_it(tmp_path: Path) -> 
     # The baseline is not a peer of ours.
     peer = next(t for t in report.targets(results) if t.name == "W3 vs best peer")
     assert peer.measured is None
+
+
+def test_a_baseline_run_shows_where_the_cpu_time_per_job_went() -> None:
+    sys.path.insert(0, str(ROOT))
+    from bench import baseline, report
+
+    figures = [
+        report.Figure(system, "W3", "2x2", values=[20000.0])
+        for system in ("pgqueue", baseline.NAME)
+    ]
+    for system, worker, server in (
+        ("pgqueue", [33.0, 35.0, 34.0], [42.0]),
+        (baseline.NAME, [32.0], [40.0]),
+    ):
+        figures.append(report.Figure(system, "W3-worker-cpu", "2x2", values=worker))
+        figures.append(report.Figure(system, "W3-server-cpu", "2x2", values=server))
+    results = report.Results(meta={}, systems=[], figures=figures)
+
+    text = report.markdown(results)
+
+    assert "| W3 2x2 | worker | 34.0 (33.0-35.0) | 32.0 (32.0-32.0) | 1.062x |" in text, text
+    assert "| W3 2x2 | server | 42.0 (42.0-42.0) | 40.0 (40.0-40.0) | 1.050x |" in text, text
 
 
 def test_a_baseline_checkout_is_the_commits_tree_and_hides_the_working_tree(

@@ -252,18 +252,24 @@ def drain(args: Any) -> dict[str, Any]:
         enqueue_in_chunks(job_type[args.kind], args.jobs, 5000, keys=keys)
     _execute(f"ANALYZE {TABLE}")  # statistics as autovacuum would leave them
     before = _completed()
+    server = common.postmaster(_execute("SELECT pg_backend_pid()")[0][0])
     from django.db import connection
 
     connection.close()  # idle during the drain: not a server backend to keep busy
     group = common.WorkerGroup.start([_worker_command(args, slots, True)] * processes)
+    server_before = common.server_cpu(server)
     group.go()
     start, end = group.wait()
+    server_after = common.server_cpu(server)
     done = _completed() - before
     if done != args.jobs:
         raise RuntimeError(f"{done} of {args.jobs} jobs completed")
     last = _execute(f"SELECT extract(epoch FROM max(completed_at)) FROM {TABLE}")[0][0]
     # W8 is timed from the enqueue: the workflow's writing is part of its cost.
     result = common.drain_rate(args.jobs, start - enqueue_seconds, float(last), end)
+    result["worker_cpu"] = group.cpu
+    if server_before is not None and server_after is not None:
+        result["server_cpu"] = server_after - server_before
     return {**result, "enqueue": enqueue_seconds} if args.kind == "chord" else result
 
 
