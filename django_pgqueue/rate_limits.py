@@ -45,14 +45,17 @@ RateLimitKey = tuple[str, str]
 _SYNC_LOCK_KEY = "pgqueue_rate_limits:sync"
 
 
-def window_sql(limits: str, what: str) -> str:
-    """SQL of ``what`` (over ``pgqueue_rate_starts AS s``) for the window, ending now,
-    of the rate limit row ``limits`` (a table or alias of ``pgqueue_rate_limits``); for a
-    per-key rate, over the windows of all its keys."""
+def _window_sql(limits: str, name: str) -> str:
+    """SQL: ``pgqueue_rate_window()`` (rate_window_v1.sql, the one definition of what a
+    window holds, which the claim reads too) of the window named ``name`` of the rate
+    limit row ``limits`` (a table or alias of ``pgqueue_rate_limits``), ending now.
+
+    Now is the statement's time, a stable clock: a volatile one would keep the function
+    from being inlined into the query.
+    """
     return (
-        f"(SELECT {what} FROM pgqueue_rate_starts AS s "
-        f"WHERE s.scope = {limits}.scope AND {_names_of(limits)} "
-        f"AND s.started_at > clock_timestamp() - {limits}.period_seconds * interval '1 second')"
+        f"pgqueue_rate_window({limits}.scope, {name}, {limits}.max_jobs, "
+        f"{limits}.period_seconds, statement_timestamp())"
     )
 
 
@@ -66,19 +69,23 @@ def _names_of(limits: str) -> str:
 
 
 def started_in_window_sql(limits: str) -> str:
-    """SQL: how many jobs the rate limit row ``limits`` started in its window."""
-    return window_sql(limits, "COALESCE(sum(s.jobs), 0)")
+    """SQL: how many jobs the rate limit row ``limits`` started in its window; for a
+    per-key rate, in the windows of all its keys."""
+    return (
+        f"(SELECT COALESCE(sum(w.jobs), 0) FROM (SELECT DISTINCT s.name "
+        f"FROM pgqueue_rate_starts AS s WHERE s.scope = {limits}.scope "
+        f"AND {_names_of(limits)}) AS k "
+        f"CROSS JOIN LATERAL {_window_sql(limits, 'k.name')} AS w)"
+    )
 
 
 def room_in_sql(limits: str) -> str:
     """SQL: seconds until the window of the rate limit row ``limits`` has room, or NULL
     when it has room now (or is a per-key rate): its oldest start leaves the window then."""
-    oldest = window_sql(limits, "min(s.started_at)")
     return (
-        f"CASE WHEN {limits}.scope <> 'key' "
-        f"AND {started_in_window_sql(limits)} >= {limits}.max_jobs THEN "
-        f"greatest(extract(epoch FROM {oldest} + {limits}.period_seconds * interval '1 second'"
-        f" - clock_timestamp()), 0) END"
+        f"(SELECT greatest(extract(epoch FROM w.room_at - statement_timestamp()), 0) "
+        f"FROM {_window_sql(limits, f'{limits}.name')} AS w "
+        f"WHERE {limits}.scope <> 'key' AND w.room_at IS NOT NULL)"
     )
 
 

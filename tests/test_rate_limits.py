@@ -903,6 +903,70 @@ def test_the_marks_of_full_keys_are_read_through_their_index_on_a_grown_log(per_
         assert read_marks == ["idx_rate_starts_marks"], json.dumps(plan["Plan"], indent=1)
 
 
+@pytest.mark.django_db
+def test_what_a_window_holds_is_its_period_before_the_moment_asked():
+    rate("job_type", "tests.record", "3/m")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO pgqueue_rate_starts (scope, name, started_at, jobs) VALUES "
+            "('job_type', 'tests.record', '2026-01-01 10:00:00+00', 2), "
+            "('job_type', 'tests.record', '2026-01-01 10:00:30+00', 1), "
+            "('job_type', 'tests.other', '2026-01-01 10:00:30+00', 7)"
+        )
+
+        def window(at: str, max_jobs: int = 3) -> tuple[Any, ...]:
+            cursor.execute(
+                "SELECT jobs, oldest, room_at FROM pgqueue_rate_window("
+                "'job_type', 'tests.record', %s, 60, %s::timestamptz)",
+                [max_jobs, at],
+            )
+            row = cursor.fetchone()
+            assert row is not None
+            return row
+
+        jobs, oldest, room_at = window("2026-01-01 10:00:59+00")
+        assert (jobs, oldest.isoformat()) == (3, "2026-01-01T10:00:00+00:00")
+        assert room_at.isoformat() == "2026-01-01T10:01:00+00:00"  # the oldest leaves then
+        assert window("2026-01-01 10:00:59+00", max_jobs=4)[2] is None  # room now
+        # A start exactly a period before the moment has left the window.
+        assert window("2026-01-01 10:01:00+00")[0] == 1
+        assert window("2026-01-01 10:01:31+00") == (0, None, None)
+
+
+@pytest.mark.django_db
+def test_every_reader_of_a_window_has_the_window_function_inlined(per_tenant_rate):
+    # pgqueue_rate_window() is the one definition of what a window holds. Inlined, each
+    # caller's plan reads the log through its indexes as the same SELECT written in
+    # place would; called as a function, it would run once per row, unplanned with it.
+    rate("job_type", "tests.record", "2/m")
+    rate("queue", "default", "100/m")
+    records(3)
+    tenant_jobs(*"aab")
+
+    def read_every_window() -> None:
+        claim(batch_size=10, free_slots=4)
+        claim(batch_size=10, free_slots=4)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pgqueue_rate_limit_wait(NULL, NULL)")
+        rate_limit_states()
+
+    plans = statement_plans(read_every_window)
+    readers = [plan for plan in plans if "pgqueue_rate_window(" in plan["Query Text"]]
+
+    # The claim's three statements that read windows (before the walk, the ranking, the
+    # marks of a claim), the wait function's, and the states'.
+    assert len({plan["Query Text"] for plan in readers}) >= 5, [p["Query Text"] for p in plans]
+    for plan in readers:
+        called = [
+            node
+            for node in plan_nodes(plan["Plan"])
+            if node["Node Type"] == "Function Scan"
+            and node.get("Function Name") == "pgqueue_rate_window"
+        ]
+        assert not called, plan["Query Text"]
+        assert scans_of(plan, "pgqueue_rate_starts"), plan["Query Text"]
+
+
 def hand_back(job_ids: list[Any], worker_id: str = "w") -> int:
     with connection.cursor() as cursor:
         cursor.execute("SELECT pgqueue_rate_hand_back(%s::uuid[], %s)", [job_ids, worker_id])
