@@ -9,8 +9,10 @@ of its own as each worker is:
   the claim recorded, whether claims fill free slots or prefetch (``p_start_within``),
   and the room a window has is used.
 
-Worker processes, SIGKILLed and recovered, are the subject of ``test_key_limits.py``
-and ``test_rate_limits.py``.
+And the same of real worker processes (``manage.py pgqueue_worker``): the handlers of a
+key never run more at once than its limit, over random limits, keys, job lengths and
+numbers of workers. A worker SIGKILLed and recovered is the subject of
+``test_key_limits.py``.
 """
 
 from __future__ import annotations
@@ -29,8 +31,12 @@ from hypothesis import strategies as st
 
 from django_pgqueue import enqueue_many, registry
 from django_pgqueue.models import ConcurrencyLimit, Job, JobStatus, RateLimit
+from django_pgqueue.limits import override_limit
+from tests.test_key_limits import keyed_worker, runs_by_key
+from tests.test_limits import drain_then_runs, most_at_once
 from tests.test_rate_limits import most_in_any_window
 from tests.testapp import keyed_jobs, rated_jobs
+from tests.testapp.models import Execution
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -253,3 +259,33 @@ def test_no_rate_limit_is_exceeded_in_any_window_by_claimers(
         # The room of the first window is used: a limit is no excuse to idle.
         assert len(keyed) >= min(key_rate, tenants.count(tenant))
     assert len(plain) >= min(type_rate, plain_jobs)
+
+
+@settings(EXAMPLES, max_examples=4)
+@given(
+    key_limit=st.integers(1, 2),
+    jobs=st.lists(
+        st.tuples(st.sampled_from("abc"), st.sampled_from([0.0, 0.02, 0.1])),
+        min_size=2,
+        max_size=12,
+    ),
+    workers=st.integers(2, 3),
+)
+def test_worker_processes_never_run_more_of_a_key_at_once_than_its_limit(
+    flow_job_types: None, key_limit: int, jobs: list[tuple[str, float]], workers: int
+) -> None:
+    reset()
+    Execution.objects.all().delete()
+    # An override: the workers write the declared limit (1) when they start, never it.
+    override_limit("key", KEYED, key_limit)
+    enqueued = enqueue_many(
+        [{"job_type": KEYED, "data": {"tenant": t, "sleep": sleep}} for t, sleep in jobs]
+    )
+
+    drain_then_runs(enqueued, [keyed_worker(f"w{i}") for i in range(workers)])
+
+    runs = runs_by_key()
+    assert sorted(len(intervals) for intervals in runs.values()) == sorted(
+        Counter(tenant for tenant, _ in jobs).values()
+    )  # each job ran once
+    assert all(most_at_once(intervals) <= key_limit for intervals in runs.values()), runs
