@@ -30,8 +30,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from django_pgqueue import enqueue_many, registry
-from django_pgqueue.models import ConcurrencyLimit, Job, JobStatus, RateLimit
 from django_pgqueue.limits import override_limit
+from django_pgqueue.models import ConcurrencyLimit, Job, JobStatus, RateLimit
 from tests.test_key_limits import keyed_worker, runs_by_key
 from tests.test_limits import drain_then_runs, most_at_once
 from tests.test_rate_limits import most_in_any_window
