@@ -61,11 +61,8 @@ def _window_sql(limits: str, name: str) -> str:
 
 def _names_of(limits: str) -> str:
     """SQL: the row ``s`` of ``pgqueue_rate_starts`` counts under the limit ``limits``
-    (a key's rows are named job type, newline, key)."""
-    return (
-        f"CASE WHEN s.scope = 'key' THEN split_part(s.name, E'\\n', 1) ELSE s.name END "
-        f"= {limits}.name"
-    )
+    (``pgqueue_rate_limit_name()``, rate_window_v1.sql)."""
+    return f"pgqueue_rate_limit_name(s.scope, s.name) = {limits}.name"
 
 
 def started_in_window_sql(limits: str) -> str:

@@ -934,10 +934,11 @@ def test_what_a_window_holds_is_its_period_before_the_moment_asked():
 
 
 @pytest.mark.django_db
-def test_every_reader_of_a_window_has_the_window_function_inlined(per_tenant_rate):
-    # pgqueue_rate_window() is the one definition of what a window holds. Inlined, each
-    # caller's plan reads the log through its indexes as the same SELECT written in
-    # place would; called as a function, it would run once per row, unplanned with it.
+def test_every_reader_of_a_window_has_the_window_functions_inlined(per_tenant_rate):
+    # Which windows count a job, what a window holds and which limit a window belongs to
+    # are each defined once, as SQL functions (rate_window_v1.sql). Inlined, each
+    # caller's plan reads the tables through their indexes as the same SQL written in
+    # place would; called as functions, they would run once per row, unplanned with it.
     rate("job_type", "tests.record", "2/m")
     rate("queue", "default", "100/m")
     records(3)
@@ -948,23 +949,27 @@ def test_every_reader_of_a_window_has_the_window_function_inlined(per_tenant_rat
         claim(batch_size=10, free_slots=4)
         with connection.cursor() as cursor:
             cursor.execute("SELECT pgqueue_rate_limit_wait(NULL, NULL)")
+            cursor.execute(
+                "UPDATE pgqueue_jobs SET worker_id = 'w' WHERE status = 'running' RETURNING id"
+            )
+            hand_back([row[0] for row in cursor.fetchall()])
         rate_limit_states()
+        prune_rate_starts()
 
     plans = statement_plans(read_every_window)
-    readers = [plan for plan in plans if "pgqueue_rate_window(" in plan["Query Text"]]
+    functions = ("pgqueue_rate_window(", "pgqueue_rate_limits_of(", "pgqueue_rate_limit_name(")
+    readers = [plan for plan in plans if any(f in plan["Query Text"] for f in functions)]
 
-    # The claim's three statements that read windows (before the walk, the ranking, the
-    # marks of a claim), the wait function's, and the states'.
-    assert len({plan["Query Text"] for plan in readers}) >= 5, [p["Query Text"] for p in plans]
+    # The claim's statements that read windows (the rated candidates, the locks, before
+    # the walk, the ranking, the marks of a claim), the wait function's, the hand-back's,
+    # the states' and the prune's.
+    assert len({plan["Query Text"] for plan in readers}) >= 8, [p["Query Text"] for p in plans]
     for plan in readers:
-        called = [
-            node
-            for node in plan_nodes(plan["Plan"])
-            if node["Node Type"] == "Function Scan"
-            and node.get("Function Name") == "pgqueue_rate_window"
-        ]
-        assert not called, plan["Query Text"]
-        assert scans_of(plan, "pgqueue_rate_starts"), plan["Query Text"]
+        for node in plan_nodes(plan["Plan"]):
+            scanned = node.get("Function Name", "")
+            called = " ".join(str(value) for value in node.values() if isinstance(value, str))
+            assert not scanned.startswith("pgqueue_rate_"), (plan["Query Text"], node)
+            assert not any(f in called for f in functions), (plan["Query Text"], node)
 
 
 def hand_back(job_ids: list[Any], worker_id: str = "w") -> int:

@@ -1,9 +1,16 @@
--- claim_job_batch, version 9: as version 8 (the same signature), with what a rate
--- limit's window holds read from pgqueue_rate_window() (rate_window_v1.sql), the one
--- definition of it, instead of a copy of its SELECT at each of the four places that
--- read a window: the limits without room before the walk, the ranking's queue, job type
--- and key rates, and the marks of the windows a claim fills. The function is inlined:
--- the plans are those of version 8.
+-- claim_job_batch, version 9: as version 8 (the same signature), with the rules of rate
+-- limits' windows read from the functions that define them once (rate_window_v1.sql)
+-- instead of a copy of each rule where it is used:
+--
+-- * which windows count a job, pgqueue_rate_limits_of(): the rated candidates beyond
+--   the free slots, the advisory locks, the ranking, the check that a trimmed batch
+--   still holds rated jobs, and the log of what a claim started;
+-- * what a window holds, pgqueue_rate_window(): the limits without room before the
+--   walk, the ranking's queue, job type and key rates, and the marks of the windows a
+--   claim fills;
+-- * which limit a window belongs to, pgqueue_rate_limit_name(): the marks of full keys.
+--
+-- The functions are inlined: the plans are those of version 8.
 --
 -- Everything else is version 8's: see claim_job_batch_v8.sql and the versions before.
 CREATE FUNCTION claim_job_batch(
@@ -168,7 +175,7 @@ BEGIN
                 SELECT v_full_keys || array_agg(s.name) INTO v_full_keys
                   FROM pgqueue_rate_starts AS s
                   JOIN pgqueue_rate_limits AS r
-                    ON r.scope = 'key' AND r.name = split_part(s.name, E'\n', 1)
+                    ON r.scope = 'key' AND r.name = pgqueue_rate_limit_name(s.scope, s.name)
                  WHERE s.full_until > v_clock AND s.scope = 'key';
             END IF;
         END IF;
@@ -216,9 +223,8 @@ BEGIN
                   FROM pgqueue_jobs AS j
                  WHERE j.id = ANY (v_candidates)
                    AND EXISTS (
-                        SELECT 1 FROM pgqueue_rate_limits AS r
-                         WHERE CASE r.scope WHEN 'queue' THEN j.queue ELSE j.job_type END = r.name
-                           AND (r.scope <> 'key' OR j.concurrency_key IS NOT NULL))
+                        SELECT 1 FROM pgqueue_rate_limits_of(j.queue, j.job_type,
+                                                             j.concurrency_key))
               ) AS rated
              WHERE rated.n > greatest(v_slots, 0);
             IF v_excess IS NOT NULL THEN
@@ -244,14 +250,11 @@ BEGIN
                    AND CASE l.scope WHEN 'queue' THEN j.queue ELSE j.job_type END = l.name
                  WHERE l.scope <> 'key' OR j.concurrency_key IS NOT NULL
                 UNION
-                SELECT 'pgqueue_rate:' || r.scope || ':'
-                       || CASE r.scope WHEN 'key' THEN j.job_type || E'\n' || j.concurrency_key
-                                       ELSE r.name END
-                  FROM pgqueue_rate_limits AS r
-                  JOIN pgqueue_jobs AS j
-                    ON j.id = ANY (v_candidates)
-                   AND CASE r.scope WHEN 'queue' THEN j.queue ELSE j.job_type END = r.name
-                 WHERE r.scope <> 'key' OR j.concurrency_key IS NOT NULL
+                SELECT 'pgqueue_rate:' || r.scope || ':' || r.window_name
+                  FROM pgqueue_jobs AS j
+                 CROSS JOIN LATERAL pgqueue_rate_limits_of(j.queue, j.job_type,
+                                                           j.concurrency_key) AS r
+                 WHERE j.id = ANY (v_candidates)
               ) AS locks;
             IF pass = 1 THEN
                 -- One statement for all of them, in the array's order (a hundred keys
@@ -302,13 +305,15 @@ BEGIN
                   LEFT JOIN pgqueue_limits AS kl
                          ON kl.scope = 'key' AND kl.name = ranked.job_type
                         AND ranked.concurrency_key IS NOT NULL
-                  LEFT JOIN pgqueue_rate_limits AS qr
-                         ON qr.scope = 'queue' AND qr.name = ranked.queue
-                  LEFT JOIN pgqueue_rate_limits AS tr
-                         ON tr.scope = 'job_type' AND tr.name = ranked.job_type
-                  LEFT JOIN pgqueue_rate_limits AS kr
-                         ON kr.scope = 'key' AND kr.name = ranked.job_type
-                        AND ranked.concurrency_key IS NOT NULL
+                  LEFT JOIN LATERAL pgqueue_rate_limits_of(
+                            ranked.queue, ranked.job_type, ranked.concurrency_key) AS qr
+                         ON qr.scope = 'queue'
+                  LEFT JOIN LATERAL pgqueue_rate_limits_of(
+                            ranked.queue, ranked.job_type, ranked.concurrency_key) AS tr
+                         ON tr.scope = 'job_type'
+                  LEFT JOIN LATERAL pgqueue_rate_limits_of(
+                            ranked.queue, ranked.job_type, ranked.concurrency_key) AS kr
+                         ON kr.scope = 'key'
                  WHERE (ql.name IS NULL OR ranked.queue_rank <= ql.max_running - (
                             SELECT count(*) FROM pgqueue_jobs AS j
                              WHERE j.status IN ('claimed', 'running') AND j.queue = ranked.queue))
@@ -323,21 +328,19 @@ BEGIN
                                AND j.concurrency_key = ranked.concurrency_key))
                    AND (qr.name IS NULL OR ranked.queue_rank <= qr.max_jobs - (
                             SELECT w.jobs
-                              FROM pgqueue_rate_window(qr.scope, qr.name, qr.max_jobs,
+                              FROM pgqueue_rate_window(qr.scope, qr.window_name, qr.max_jobs,
                                                        qr.period_seconds, v_now) AS w))
                    AND (tr.name IS NULL OR ranked.type_rank <= tr.max_jobs - (
                             SELECT w.jobs
-                              FROM pgqueue_rate_window(tr.scope, tr.name, tr.max_jobs,
+                              FROM pgqueue_rate_window(tr.scope, tr.window_name, tr.max_jobs,
                                                        tr.period_seconds, v_now) AS w))
                    AND (kr.name IS NULL OR ranked.key_rank <= kr.max_jobs - (
                             -- kr.scope, not 'key': the planner cannot then pick the
                             -- partial index of every key's recent starts (and read them
                             -- all for each key) over the primary key.
                             SELECT w.jobs
-                              FROM pgqueue_rate_window(
-                                       kr.scope,
-                                       ranked.job_type || E'\n' || ranked.concurrency_key,
-                                       kr.max_jobs, kr.period_seconds, v_now) AS w))
+                              FROM pgqueue_rate_window(kr.scope, kr.window_name, kr.max_jobs,
+                                                       kr.period_seconds, v_now) AS w))
               ) AS kept;
 
             -- A batch with rate-limited jobs fits the free slots: keep its first jobs.
@@ -345,9 +348,8 @@ BEGIN
                 v_keep := v_keep[1:greatest(v_slots, 0)];
                 v_kept_rated := EXISTS (
                     SELECT 1 FROM pgqueue_jobs AS j
-                      JOIN pgqueue_rate_limits AS r
-                        ON CASE r.scope WHEN 'queue' THEN j.queue ELSE j.job_type END = r.name
-                       AND (r.scope <> 'key' OR j.concurrency_key IS NOT NULL)
+                     CROSS JOIN LATERAL pgqueue_rate_limits_of(j.queue, j.job_type,
+                                                               j.concurrency_key) AS r
                      WHERE j.id = ANY (v_keep));
             END IF;
         ELSE
@@ -380,14 +382,11 @@ BEGIN
                         THEN least(w.oldest, v_counted_at)
                              + claimed.period_seconds * interval '1 second' END
               FROM (
-                SELECT r.scope,
-                       CASE r.scope WHEN 'key' THEN j.job_type || E'\n' || j.concurrency_key
-                                    ELSE r.name END AS name,
-                       count(*) AS jobs, r.max_jobs, r.period_seconds
+                SELECT r.scope, r.window_name AS name, count(*) AS jobs, r.max_jobs,
+                       r.period_seconds
                   FROM pgqueue_jobs AS j
-                  JOIN pgqueue_rate_limits AS r
-                    ON CASE r.scope WHEN 'queue' THEN j.queue ELSE j.job_type END = r.name
-                   AND (r.scope <> 'key' OR j.concurrency_key IS NOT NULL)
+                 CROSS JOIN LATERAL pgqueue_rate_limits_of(j.queue, j.job_type,
+                                                           j.concurrency_key) AS r
                  WHERE j.id = ANY (v_keep)
                  GROUP BY 1, 2, r.max_jobs, r.period_seconds
               ) AS claimed

@@ -1,7 +1,8 @@
 -- Rate limits, version 3: when a worker should claim next. As version 2
 -- (rate_limits_v2.sql, which explains the function), but a queue's or job type's
 -- window is read from pgqueue_rate_window() (rate_window_v1.sql), the one definition of
--- what a window holds and of when a full one has room again, which the claim reads too.
+-- what a window holds and of when a full one has room again, and a key's mark is tied
+-- to its limit by pgqueue_rate_limit_name(): the claim reads both too.
 --
 -- Returns seconds (0 when a limit has room already), or NULL when no limit of these job
 -- types and queues is full. Call it in the claim's transaction: "full" is judged at now().
@@ -25,7 +26,7 @@ LANGUAGE sql STABLE AS $$
         SELECT s.full_until
           FROM pgqueue_rate_starts AS s
           JOIN pgqueue_rate_limits AS r
-            ON r.scope = 'key' AND r.name = split_part(s.name, E'\n', 1)
+            ON r.scope = 'key' AND r.name = pgqueue_rate_limit_name(s.scope, s.name)
          WHERE s.full_until > now() AND s.scope = 'key'
            AND (p_job_types IS NULL OR r.name = ANY (p_job_types))
       ) AS full_window
