@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from django.db import connections, transaction
 
-from . import conf, held, registry, validation
+from . import conf, held, limit_sync, registry, validation
 from .exceptions import InvalidArgumentError
 from .models import LimitScope
 from .schema import CONCURRENCY_LIMIT_MAX
@@ -44,7 +44,14 @@ LimitKey = tuple[str, str]
 
 # Serialises the writers of pgqueue_limits (worker syncs, overrides), so that workers
 # starting together cannot deadlock on each other's rows.
-_SYNC_LOCK_KEY = "pgqueue_limits:sync"
+_LIMITS_TABLE: limit_sync.DeclaredTable[int] = limit_sync.DeclaredTable(
+    table="pgqueue_limits",
+    noun="concurrency limit",
+    lock_key="pgqueue_limits:sync",
+    override_column="override",
+    declared_columns=[("declared", "integer")],
+    columns_of=lambda limit: [limit],
+)
 
 
 @dataclass(frozen=True)
@@ -120,54 +127,16 @@ def sync_declared_limits(using: str | None = None) -> None:
     alias = conf.jobs_database(using)
     declared = declared_limits()
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [_SYNC_LOCK_KEY])
+        limit_sync.lock(_LIMITS_TABLE, cursor)
         stored = {
             (state.scope, state.name): state.declared
             for state in limit_states(alias)
             if state.declared is not None
         }
-        removed = sorted(set(stored) - set(declared))
-        changed = sorted(
-            (key, limit) for key, limit in declared.items() if stored.get(key) != limit
-        )
-        if removed:
-            # A row with an override stays, without its declared limit.
-            keys = [[scope for scope, _ in removed], [name for _, name in removed]]
-            cursor.execute(
-                "DELETE FROM pgqueue_limits WHERE override IS NULL "
-                "AND (scope, name) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
-                keys,
-            )
-            cursor.execute(
-                "UPDATE pgqueue_limits SET declared = NULL, updated_at = now() "
-                "WHERE (scope, name) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
-                keys,
-            )
-        if changed:
-            cursor.execute(
-                "INSERT INTO pgqueue_limits (scope, name, declared, updated_at) "
-                "SELECT *, now() FROM unnest(%s::text[], %s::text[], %s::integer[]) "
-                "ON CONFLICT (scope, name) DO UPDATE "
-                "SET declared = EXCLUDED.declared, updated_at = now()",
-                [
-                    [scope for (scope, _), _ in changed],
-                    [name for (_, name), _ in changed],
-                    [limit for _, limit in changed],
-                ],
-            )
+        removed, changed = limit_sync.sync_declared(_LIMITS_TABLE, cursor, declared, stored)
         if any(scope == LimitScope.KEY for scope, _ in [*removed, *(k for k, _ in changed)]):
             held.sweep(alias)  # release what a raised or removed per-key limit makes room for
-    for scope, name in removed:
-        logger.info("concurrency limit removed: %s %s (was %d)", scope, name, stored[scope, name])
-    for (scope, name), limit in changed:
-        previous = stored.get((scope, name))
-        logger.info(
-            "concurrency limit set: %s %s = %d (was %s)",
-            scope,
-            name,
-            limit,
-            "none" if previous is None else previous,
-        )
+    limit_sync.log_changes(_LIMITS_TABLE, stored, removed, changed)
 
 
 def override_limit(
@@ -216,7 +185,7 @@ def override_limit(
         )
     alias = conf.jobs_database(using)
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [_SYNC_LOCK_KEY])
+        limit_sync.lock(_LIMITS_TABLE, cursor)
         if max_running is None:
             # A row with nothing declared goes; the others keep their declared limit.
             cursor.execute(

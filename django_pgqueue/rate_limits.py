@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from django.db import connections, transaction
 
-from . import conf, registry, validation
+from . import conf, limit_sync, registry, validation
 from .exceptions import InvalidArgumentError
 from .models import RateLimitScope
 from .rates import Rate, parse_rate
@@ -42,7 +42,14 @@ __all__ = [
 RateLimitKey = tuple[str, str]
 
 # Serialises the writers of pgqueue_rate_limits (worker syncs, overrides).
-_SYNC_LOCK_KEY = "pgqueue_rate_limits:sync"
+_RATE_LIMITS_TABLE: limit_sync.DeclaredTable[Rate] = limit_sync.DeclaredTable(
+    table="pgqueue_rate_limits",
+    noun="rate limit",
+    lock_key="pgqueue_rate_limits:sync",
+    override_column="override_jobs",
+    declared_columns=[("declared_jobs", "integer"), ("declared_seconds", "integer")],
+    columns_of=lambda rate: [rate.jobs, rate.seconds],
+)
 
 
 def _window_sql(limits: str, name: str) -> str:
@@ -199,53 +206,14 @@ def sync_declared_rate_limits(using: str | None = None) -> None:
     alias = conf.jobs_database(using)
     declared = declared_rate_limits()
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [_SYNC_LOCK_KEY])
+        limit_sync.lock(_RATE_LIMITS_TABLE, cursor)
         stored = {
             (state.scope, state.name): state.declared
             for state in rate_limit_states(alias)
             if state.declared is not None
         }
-        removed = sorted(set(stored) - set(declared))
-        changed = sorted((key, rate) for key, rate in declared.items() if stored.get(key) != rate)
-        if removed:
-            keys = [[scope for scope, _ in removed], [name for _, name in removed]]
-            cursor.execute(
-                "DELETE FROM pgqueue_rate_limits WHERE override_jobs IS NULL "
-                "AND (scope, name) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
-                keys,
-            )
-            cursor.execute(
-                "UPDATE pgqueue_rate_limits "
-                "SET declared_jobs = NULL, declared_seconds = NULL, updated_at = now() "
-                "WHERE (scope, name) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
-                keys,
-            )
-        if changed:
-            cursor.execute(
-                "INSERT INTO pgqueue_rate_limits "
-                "(scope, name, declared_jobs, declared_seconds, updated_at) "
-                "SELECT *, now() FROM unnest(%s::text[], %s::text[], %s::integer[], "
-                "%s::integer[]) "
-                "ON CONFLICT (scope, name) DO UPDATE SET declared_jobs = EXCLUDED.declared_jobs, "
-                "declared_seconds = EXCLUDED.declared_seconds, updated_at = now()",
-                [
-                    [scope for (scope, _), _ in changed],
-                    [name for (_, name), _ in changed],
-                    [rate.jobs for _, rate in changed],
-                    [rate.seconds for _, rate in changed],
-                ],
-            )
-    for scope, name in removed:
-        logger.info("rate limit removed: %s %s (was %s)", scope, name, stored[scope, name])
-    for (scope, name), rate in changed:
-        previous = stored.get((scope, name))
-        logger.info(
-            "rate limit set: %s %s = %s (was %s)",
-            scope,
-            name,
-            rate,
-            "none" if previous is None else previous,
-        )
+        removed, changed = limit_sync.sync_declared(_RATE_LIMITS_TABLE, cursor, declared, stored)
+    limit_sync.log_changes(_RATE_LIMITS_TABLE, stored, removed, changed)
 
 
 def override_rate_limit(
@@ -286,7 +254,7 @@ def override_rate_limit(
     parsed = None if rate is None else parse_rate(rate, "rate")
     alias = conf.jobs_database(using)
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [_SYNC_LOCK_KEY])
+        limit_sync.lock(_RATE_LIMITS_TABLE, cursor)
         if parsed is None:
             cursor.execute(
                 "DELETE FROM pgqueue_rate_limits "
