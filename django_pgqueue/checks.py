@@ -12,7 +12,7 @@ from django.db import connections, router
 
 from .exceptions import SettingsError
 
-MIN_POSTGRES_VERSION = 130000
+MIN_POSTGRES_VERSION = 140000
 
 
 @register(Tags.compatibility)
@@ -36,7 +36,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         return [
             Error(
                 f"django-pgqueue needs PostgreSQL, but database {alias!r} uses {vendor!r}",
-                hint="Point that alias at PostgreSQL 13+ (ENGINE "
+                hint="Point that alias at PostgreSQL 14+ (ENGINE "
                 "'django.db.backends.postgresql'), or set PGQUEUE['DATABASE'] to an alias "
                 "that is.",
                 id="django_pgqueue.E003",
@@ -112,7 +112,7 @@ def check_server_version(
     if version < MIN_POSTGRES_VERSION:
         return [
             Error(
-                f"django-pgqueue needs PostgreSQL 13 or newer; database {alias!r} runs "
+                f"django-pgqueue needs PostgreSQL 14 or newer; database {alias!r} runs "
                 f"{version // 10000}.{version % 10000}",
                 hint="Upgrade the server: claim_job_batch relies on gen_random_uuid() "
                 "and plan_cache_mode.",

@@ -84,20 +84,21 @@ def test_database_checks_skip_a_non_postgresql_database(pgqueue_settings, sqlite
 
 @pytest.mark.django_db
 def test_server_version_check_passes_on_the_real_server():
-    assert connections["default"].pg_version >= 130000
+    assert connections["default"].pg_version >= 140000
     assert pgqueue_messages(tags=["database"], databases=["default"]) == []
 
 
 @pytest.mark.django_db
-def test_server_older_than_13_is_error_e004(monkeypatch):
+def test_server_older_than_14_is_error_e004(monkeypatch):
     # The only simulated input in the suite: no supported Django connects to such a
-    # server, so the version the check reads is replaced to exercise the message.
-    monkeypatch.setattr(connections["default"], "pg_version", 120011)
+    # server (Django 5.2 and 6.0 need 14, 6.1 needs 15), so the version the check reads
+    # is replaced to exercise the message.
+    monkeypatch.setattr(connections["default"], "pg_version", 130023)
 
     (error,) = pgqueue_messages(tags=["database"], databases=["default"])
 
     assert error.id == "django_pgqueue.E004"
-    assert "12.11" in error.msg
+    assert "PostgreSQL 14 or newer" in error.msg and "13.23" in error.msg
 
 
 class EverythingToDefault:

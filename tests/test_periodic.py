@@ -403,6 +403,10 @@ def _race(barrier, nows):
         connections.close_all()
 
 
+# Forked on purpose: the children inherit the test's settings override. Python 3.12+
+# warns that a multi-threaded parent may deadlock a forked child; the children here only
+# open their own connections and enqueue.
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_processes_enqueue_each_tick_exactly_once(pgqueue_settings):
     pgqueue_settings(SCHEDULE={"every-minute": {"job_type": "tests.noop", "schedule": "* * * * *"}})
