@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from dataclasses import dataclass, field, fields, replace
 from functools import cache
@@ -71,6 +72,8 @@ class PgQueueSettings:
     JOB_TYPE_RATE_LIMITS: dict[str, Rate | None] = field(default_factory=dict)
     #: Periodic jobs by name (``cron.Schedule``), enqueued by workers on each cron tick.
     SCHEDULE: dict[str, Any] = field(default_factory=dict)
+    #: OpenTelemetry spans for enqueues and runs (needs ``django-pgqueue[otel]``).
+    OPENTELEMETRY: bool = False
 
 
 # Durations that may also be None, meaning "never".
@@ -229,6 +232,12 @@ def _validate(raw: dict[str, Any]) -> PgQueueSettings:
             "PGQUEUE['HEARTBEAT_INTERVAL'] must be shorter than PGQUEUE['STALE_AFTER'] "
             f"({result.HEARTBEAT_INTERVAL:g}s >= {result.STALE_AFTER:g}s): otherwise healthy "
             "jobs would be recovered as stale"
+        )
+    if result.OPENTELEMETRY and importlib.util.find_spec("opentelemetry") is None:
+        raise SettingsError(
+            "PGQUEUE['OPENTELEMETRY'] is True, but opentelemetry-api is not installed: "
+            "pip install 'django-pgqueue[otel]', and configure a tracer provider (the "
+            "OpenTelemetry SDK) as for the rest of the project"
         )
     if "SCHEDULE" in raw:
         schedule = parse_schedule_setting(

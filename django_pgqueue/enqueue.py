@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Unpack, get_args
 from asgiref.sync import sync_to_async
 from django.db import connections, transaction
 
-from . import conf, reused_cursor
+from . import conf, reused_cursor, tracing
 from .exceptions import InvalidJobError
 from .inserts import (
     COPY_PART_ROWS,
@@ -154,7 +154,23 @@ def enqueue(
     _check_on_duplicate(on_duplicate)
     if options:
         check_keys(options, ENQUEUE_KEYS, "enqueue()")
-    row = prepare(job_type, data, options)
+    if conf.get_settings().OPENTELEMETRY:
+        with tracing.enqueue_span(job_type, options.get("queue")) as span:
+            job = _enqueue(job_type, data, on_duplicate, using, options, tracing.current_context())
+            tracing.describe_enqueued(span, [job])
+            return job
+    return _enqueue(job_type, data, on_duplicate, using, options, None)
+
+
+def _enqueue(
+    job_type: str,
+    data: dict[str, Any] | None,
+    on_duplicate: OnDuplicate,
+    using: str | None,
+    options: EnqueueOptions,
+    trace_context: str | None,
+) -> Job:
+    row = prepare(job_type, data, options, trace_context=trace_context)
     alias = conf.jobs_database(using)
     if row.depends_on is not None:
         _check_no_index(row)
@@ -175,7 +191,12 @@ def _enqueue_row(row: JobRow, on_duplicate: OnDuplicate, alias: str) -> Job:
     if wants_notify(db, {row.queue} if undelayed else set()) and settings.NOTIFY:
         params: list[Any] = list(row[:PLAIN_FIELDS])
         sql = with_notify(INSERT_ONE, params, True)
-    elif undelayed and row.concurrency_key is None and row.timeout is None:
+    elif (
+        undelayed
+        and row.concurrency_key is None
+        and row.timeout is None
+        and row.trace_context is None
+    ):
         params = [row.id, row.job_type, row.queue, row.priority, row.data, row.max_attempts]
         sql = INSERT_ONE_DUE_QUIET
     else:
@@ -245,7 +266,21 @@ def enqueue_many(
     each other; ``created_at`` still follows the order of ``specs``.
     """
     _check_on_duplicate(on_duplicate)
-    prepared = prepared_rows(specs)
+    if conf.get_settings().OPENTELEMETRY:
+        with tracing.enqueue_span(None) as span:
+            jobs = _enqueue_many(specs, on_duplicate, using, tracing.current_context())
+            tracing.describe_enqueued(span, jobs)
+            return jobs
+    return _enqueue_many(specs, on_duplicate, using, None)
+
+
+def _enqueue_many(
+    specs: Iterable[JobSpec | Mapping[str, Any]],
+    on_duplicate: OnDuplicate,
+    using: str | None,
+    trace_context: str | None,
+) -> list[Job]:
+    prepared = prepared_rows(specs, trace_context)
     rows = list(itertools.islice(prepared, COPY_PART_ROWS))
     if not rows:
         return []

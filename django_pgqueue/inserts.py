@@ -13,6 +13,7 @@ import functools
 import gc
 import itertools
 import json
+import logging
 import math
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -25,15 +26,18 @@ from . import conf, signals
 from .due import DUE
 from .held import held_among, release_keys
 from .jobrows import JobRow
+from .logfields import job_fields
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
     from .models import Job
 
+logger = logging.getLogger("django_pgqueue.enqueue")
 
 COLUMNS = (
-    "id, job_type, queue, priority, data, run_at, max_attempts, concurrency_key, held, timeout"
+    "id, job_type, queue, priority, data, run_at, max_attempts, concurrency_key, held, timeout, "
+    "trace_context"
 )
 
 # The plain inserts return only what the database decides (the times, as exact integer
@@ -45,7 +49,7 @@ _MICROS = "(extract(epoch FROM inserted.{0}) * 1000000)::int8"
 INSERT_ONE_QUIET = f"""
 INSERT INTO pgqueue_jobs AS inserted ({COLUMNS})
 VALUES (%s, %s, %s, %s, %s::jsonb,
-        COALESCE(%s::timestamptz, now() + %s * interval '1 second'), %s, %s, %s, %s)
+        COALESCE(%s::timestamptz, now() + %s * interval '1 second'), %s, %s, %s, %s, %s::jsonb)
 RETURNING {_MICROS.format("created_at")}, {_MICROS.format("run_at")}
 """
 
@@ -83,7 +87,8 @@ INSERT_ONE = f"""
 WITH inserted AS (
     INSERT INTO pgqueue_jobs ({COLUMNS})
     VALUES (%s, %s, %s, %s, %s::jsonb,
-            COALESCE(%s::timestamptz, now() + %s * interval '1 second'), %s, %s, %s, %s)
+            COALESCE(%s::timestamptz, now() + %s * interval '1 second'), %s, %s, %s, %s,
+            %s::jsonb)
     RETURNING queue, created_at, run_at  -- queue and run_at: for the NOTIFY
 ){{notify}}
 SELECT {_MICROS.format("created_at")}, {_MICROS.format("run_at")}
@@ -235,6 +240,7 @@ def _inserted_values(
         "concurrency_key": row.concurrency_key,
         "held": row.held,
         "timeout": row.timeout,
+        "trace_context": None if row.trace_context is None else json.loads(row.trace_context),
         "created_at": created_at,
         "run_at": run_at,
     }
@@ -399,10 +405,12 @@ def copy_line(row: JobRow, times: tuple[datetime, datetime], now_text: str) -> s
     key = row.concurrency_key
     key_text = "\\N" if key is None else key.translate(COPY_ESCAPES)
     timeout_text = "\\N" if row.timeout is None else repr(row.timeout)
+    trace = row.trace_context
+    trace_text = "\\N" if trace is None else trace.replace("\\", "\\\\")
     return (
         f"{row.id.int:032x}\t{row.job_type}\t{row.queue}\t{row.priority}\t{data}\t"
         f"{run_text}\t{row.max_attempts}\t{key_text}\t{'t' if row.held else 'f'}\t"
-        f"{timeout_text}\t{created_at.isoformat()}\n"
+        f"{timeout_text}\t{trace_text}\t{created_at.isoformat()}\n"
     )
 
 
@@ -420,7 +428,17 @@ def run_at_of(row: JobRow, now: datetime) -> datetime:
 
 
 def send_enqueued(jobs: list[Job]) -> None:
-    """Send ``job_enqueued`` for each inserted job; a receiver's error propagates."""
+    """Log (at DEBUG) and send ``job_enqueued`` for each inserted job; a receiver's
+    error propagates."""
+    if logger.isEnabledFor(logging.DEBUG):
+        for job in jobs:
+            logger.debug(
+                "job %s (%s) enqueued on queue %s",
+                job.id,
+                job.job_type,
+                job.queue,
+                extra=job_fields(job),
+            )
     if not signals.job_enqueued.receivers:
         return  # one list check instead of a send() call per job
     for job in jobs:

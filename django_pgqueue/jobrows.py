@@ -60,6 +60,9 @@ class JobRow(NamedTuple):
     held: bool
     #: Seconds an attempt may run (``enqueue(timeout=...)``); ``None``: the type's.
     timeout: float | None
+    #: The enqueue's OpenTelemetry context, as JSON (``tracing.current_context()``);
+    #: ``None``: none, or tracing is off.
+    trace_context: str | None
     # Last, so that the plain inserts take the fields before them.
     unique_key: str | None
     #: Seconds: a job with the key enqueued this recently holds it, finished or not.
@@ -177,9 +180,11 @@ def prepare(
     *,
     prefix: str = "",
     memo: dict[tuple[Any, ...], _Resolved] | None = None,
+    trace_context: str | None = None,
 ) -> JobRow:
     """Validate one job: ``options`` are its :class:`EnqueueOptions` (an enqueue's
-    keywords, or a spec of ``enqueue_many``, whose other keys are ignored here)."""
+    keywords, or a spec of ``enqueue_many``, whose other keys are ignored here);
+    ``trace_context``: the enqueue's, stored with the job."""
     get = options.get
     queue, priority, max_attempts = get("queue"), get("priority"), get("max_attempts")
     run_at, delay, unique_key = get("run_at"), get("delay"), get("unique_key")
@@ -204,6 +209,7 @@ def prepare(
         None
         if timeout is None
         else validation.seconds(timeout, f"{prefix}timeout", allow_zero=False),
+        trace_context,
         None,
     )
     depends_on, on_failure = get("depends_on"), get("on_dependency_failure")
@@ -387,8 +393,11 @@ def _job_key(definition: registry.JobDefinition, data: Any, field: str) -> str:
     return validation.concurrency_key(value, field)
 
 
-def prepared_rows(specs: Iterable[JobSpec | Mapping[str, Any]]) -> Iterator[JobRow]:
-    """Validate ``specs`` one by one, as they are consumed."""
+def prepared_rows(
+    specs: Iterable[JobSpec | Mapping[str, Any]], trace_context: str | None = None
+) -> Iterator[JobRow]:
+    """Validate ``specs`` one by one, as they are consumed; each row carries
+    ``trace_context``."""
     memo: dict[tuple[Any, ...], _Resolved] = {}
     for index, spec in enumerate(specs):
         prefix = f"specs[{index}]."
@@ -401,4 +410,11 @@ def prepared_rows(specs: Iterable[JobSpec | Mapping[str, Any]]) -> Iterator[JobR
             )
         if "job_type" not in spec:
             raise InvalidJobError(f"{prefix}job_type", "is required")
-        yield prepare(spec["job_type"], spec.get("data"), spec, prefix=prefix, memo=memo)
+        yield prepare(
+            spec["job_type"],
+            spec.get("data"),
+            spec,
+            prefix=prefix,
+            memo=memo,
+            trace_context=trace_context,
+        )

@@ -34,6 +34,7 @@ from .inserts import (
     with_notify,
 )
 from .jobrows import UNIQUE_FIELDS, JobRow
+from .logfields import job_fields
 from .options import OnDuplicate
 from .schema import ACTIVE, CLAIMABLE, JobStatus, literal, status_in
 
@@ -55,7 +56,8 @@ _INSERT_ONE_UNIQUE = f"""
 WITH inserted AS (
     INSERT INTO pgqueue_jobs ({COLUMNS}, unique_key)
     VALUES (%s, %s, %s, %s, %s::jsonb,
-            COALESCE(%s::timestamptz, now() + %s * interval '1 second'), %s, %s, %s, %s, %s)
+            COALESCE(%s::timestamptz, now() + %s * interval '1 second'), %s, %s, %s, %s,
+            %s::jsonb, %s)
     {_ON_CONFLICT}
     RETURNING *
 ), existing AS (
@@ -80,7 +82,8 @@ WITH recent AS (
 ), inserted AS (
     INSERT INTO pgqueue_jobs ({COLUMNS}, unique_key)
     SELECT %s, %s, %s, %s, %s::jsonb,
-           COALESCE(%s::timestamptz, now() + %s * interval '1 second'), %s, %s, %s, %s, %s
+           COALESCE(%s::timestamptz, now() + %s * interval '1 second'), %s, %s, %s, %s,
+           %s::jsonb, %s
      WHERE NOT EXISTS (SELECT FROM recent)
     {_ON_CONFLICT}
     RETURNING *
@@ -105,14 +108,14 @@ WITH inserted AS (
     INSERT INTO pgqueue_jobs ({COLUMNS}, unique_key, created_at)
     SELECT t.id, t.job_type, t.queue, t.priority, t.data::jsonb,
            COALESCE(t.run_at, now() + t.delay * interval '1 second'), t.max_attempts,
-           t.concurrency_key, t.held, t.timeout, t.unique_key,
+           t.concurrency_key, t.held, t.timeout, t.trace_context::jsonb, t.unique_key,
            (SELECT clock_timestamp()) + t.position * interval '1 microsecond'
       FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::int[], %s::text[],
                   %s::timestamptz[], %s::float8[], %s::int[], %s::text[], %s::bool[],
-                  %s::float8[], %s::text[])
+                  %s::float8[], %s::text[], %s::text[])
            WITH ORDINALITY
            AS t(id, job_type, queue, priority, data, run_at, delay, max_attempts,
-                concurrency_key, held, timeout, unique_key, position)
+                concurrency_key, held, timeout, trace_context, unique_key, position)
      ORDER BY t.unique_key
     {_ON_CONFLICT}
     RETURNING *
@@ -148,10 +151,11 @@ WITH t AS (
     SELECT *
       FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::int[], %s::text[],
                   %s::timestamptz[], %s::float8[], %s::int[], %s::text[], %s::bool[],
-                  %s::float8[], %s::text[], %s::float8[])
+                  %s::float8[], %s::text[], %s::text[], %s::float8[])
            WITH ORDINALITY
            AS t(id, job_type, queue, priority, data, run_at, delay, max_attempts,
-                concurrency_key, held, timeout, unique_key, unique_for, position)
+                concurrency_key, held, timeout, trace_context, unique_key, unique_for,
+                position)
 ), recent AS (
     SELECT DISTINCT ON (jobs.unique_key) jobs.*
       FROM pgqueue_jobs AS jobs JOIN t ON jobs.unique_key = t.unique_key
@@ -163,7 +167,7 @@ WITH t AS (
     INSERT INTO pgqueue_jobs ({COLUMNS}, unique_key, created_at)
     SELECT t.id, t.job_type, t.queue, t.priority, t.data::jsonb,
            COALESCE(t.run_at, now() + t.delay * interval '1 second'), t.max_attempts,
-           t.concurrency_key, t.held, t.timeout, t.unique_key,
+           t.concurrency_key, t.held, t.timeout, t.trace_context::jsonb, t.unique_key,
            (SELECT clock_timestamp()) + t.position * interval '1 microsecond'
       FROM t
      WHERE t.unique_key IS NULL OR t.unique_key NOT IN (SELECT unique_key FROM recent)
@@ -224,7 +228,12 @@ def enqueue_unique(row: JobRow, on_duplicate: OnDuplicate, alias: str) -> Job:
             settle_held([job], [row], alias)
             send_enqueued([job])
             return job
-        logger.debug("unique_key %r is held by job %s: not enqueued", row.unique_key, job.id)
+        logger.debug(
+            "unique_key %r is held by job %s: not enqueued",
+            row.unique_key,
+            job.id,
+            extra=job_fields(job),
+        )
         if on_duplicate == "raise":
             raise _duplicate(row, job)
         if on_duplicate == "replace" and job.status == JobStatus.PENDING:
@@ -320,7 +329,9 @@ def _replace(holders: dict[str, Job], rows: list[JobRow], alias: str) -> dict[st
         done = {job.unique_key for job in replaced}
         record_notified(db, undelayed_queues(row for row in chosen if row.unique_key in done))
     for job in replaced:
-        logger.debug("unique_key %r: pending job %s replaced", job.unique_key, job.id)
+        logger.debug(
+            "unique_key %r: pending job %s replaced", job.unique_key, job.id, extra=job_fields(job)
+        )
     return {str(job.unique_key): job for job in replaced}
 
 

@@ -19,6 +19,7 @@ from django.utils.translation import gettext_lazy
 
 from ..models import Job
 from ..schema import JobStatus
+from ..tracing import stored_ids
 from .base import JobModelAdmin
 from .formatting import TEMPLATES, display_datetime, json_pre, short_datetime, short_duration
 from .live import event_state, recent_events
@@ -154,6 +155,13 @@ class JobCells(JobModelAdmin):
     @admin.display(description=gettext_lazy("workers of each attempt"))
     def worker_ids_display(self, job: Job) -> str:
         return ", ".join(job.worker_ids)
+
+    @admin.display(description=gettext_lazy("trace"))
+    def trace_display(self, job: Job) -> SafeString | str:
+        ids = stored_ids(job.trace_context)
+        if ids is None:
+            return ""
+        return format_html("<code>{}</code> (enqueued in span <code>{}</code>)", *ids)
 
     @admin.display(description=gettext_lazy("last error"))
     def last_error_pre(self, job: Job) -> SafeString | str:

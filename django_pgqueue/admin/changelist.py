@@ -169,6 +169,7 @@ class JobAdmin(WorkflowCells, JobActions, LiveView, QueueOverview):
                     "snoozes",
                     "worker",
                     "worker_ids_display",
+                    "trace_display",
                     "last_error_pre",
                     "traceback_pre",
                 )

@@ -177,6 +177,10 @@ class Job(JobsDatabaseModel):
     #: Seconds an attempt may run, given to ``enqueue(timeout=...)``; NULL: the job
     #: type's ``@job(timeout=...)``, if any.
     timeout = models.FloatField(null=True, blank=True)
+    #: The trace context of the enqueue, as the OpenTelemetry propagator writes it
+    #: (``{"traceparent": ...}``); NULL: enqueued without ``PGQUEUE["OPENTELEMETRY"]``
+    #: or outside any trace. Each run's span continues it (``tracing``).
+    trace_context = models.JSONField(null=True, blank=True, editable=False)
 
     objects: ClassVar[JobManager[Self]] = JobManager()
 
@@ -571,6 +575,7 @@ _NEW_ROW_DEFAULTS: dict[str, Any] = {
     "held": False,
     "awaited": False,
     "timeout": None,
+    "trace_context": None,
     "workflow_id": None,
 }
 

@@ -27,7 +27,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db import connections
 
-from .. import signals
+from .. import conf, signals, tracing
 from ..exceptions import JobTimeout
 from ..sideconn import close_side_connections
 from .execution import (
@@ -36,6 +36,7 @@ from .execution import (
     PENDING,
     Outcome,
     RunningJob,
+    end_span,
     failure_outcome,
     handed_back,
     log_receiver_errors,
@@ -207,6 +208,15 @@ class AsyncSlots:
 
 async def aexecute(running: RunningJob) -> Outcome:
     """Run the async handler of ``running`` on this loop and return its outcome."""
+    if not conf.get_settings().OPENTELEMETRY:
+        return await _aexecute(running)
+    with tracing.run_span(running.job) as span:  # current in this task only
+        outcome = await _aexecute(running)
+        end_span(span, outcome)
+        return outcome
+
+
+async def _aexecute(running: RunningJob) -> Outcome:
     job = running.job
     definition = running.definition
     assert definition is not None and definition.is_async

@@ -70,6 +70,7 @@ def serve(
             # blocks ran, its transaction rolled back); its outcome is the worker's.
             connections.close_all()
             sys.exit(128 + signal.SIGUSR1)
+        outcome.exception = None  # its text is in outcome.traceback; it may not pickle
         conn.send((outcome, running.duration, _peak_memory()))
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from django.db import OperationalError, connections, transaction
 
-from .. import conf, registry, signals
+from .. import conf, registry, signals, tracing
 from ..backoff import default_backoff
 from ..exceptions import (
     AsyncHandlerError,
@@ -69,6 +69,18 @@ class Outcome:
     #: Handed back before its handler started: it keeps no start time, and the room its
     #: rate limits counted for it goes back too (``pgqueue_rate_hand_back()``).
     unstarted: bool = False
+    #: What the handler raised, for the log record and the span (never stored or sent
+    #: to another process: ``traceback`` is its text); dropped once logged.
+    exception: BaseException | None = field(default=None, repr=False, compare=False)
+
+    def name(self) -> str:
+        """How the run ended, in a word: ``completed``, ``retried``, ``snoozed``,
+        ``handed_back``, ``failed`` or ``cancelled`` (logs, spans)."""
+        if self.status == PENDING:
+            if self.snoozed:
+                return "snoozed"
+            return "handed_back" if self.refund else "retried"
+        return self.status
 
 
 class CancelFlag:
@@ -176,6 +188,12 @@ def retry_or_fail(running: RunningJob, error: str, tb: str | None, delay: float 
 
 def failure_outcome(running: RunningJob, exc: BaseException) -> Outcome:
     """Decide what a handler's exception means: retry, fail now, or cancelled."""
+    outcome = _failure_outcome(running, exc)
+    outcome.exception = exc
+    return outcome
+
+
+def _failure_outcome(running: RunningJob, exc: BaseException) -> Outcome:
     job = running.job
     error = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, JobTimeout) and running.timeout:
@@ -309,6 +327,20 @@ def execute(running: RunningJob, alias: str, *, in_worker: bool = True) -> Outco
     as they are after a failure: a test's connection is inside the test's transaction,
     which a worker would take for a connection the handler left broken.
     """
+    if not conf.get_settings().OPENTELEMETRY:
+        return _execute(running, alias, in_worker)
+    with tracing.run_span(running.job) as span:
+        outcome = _execute(running, alias, in_worker)
+        end_span(span, outcome)
+        return outcome
+
+
+def end_span(span: Any, outcome: Outcome) -> None:
+    """Record ``outcome`` on the span of its run."""
+    tracing.end_run(span, outcome.name(), outcome.error, outcome.exception)
+
+
+def _execute(running: RunningJob, alias: str, in_worker: bool) -> Outcome:
     job = running.job
     definition = running.definition
     if definition is None:

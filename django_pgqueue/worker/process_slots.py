@@ -243,10 +243,7 @@ class _Slot(threading.Thread):
     def _died(self, running: RunningJob, process: BaseProcess) -> Outcome:
         process.join(1)
         how = _how_it_ended(process.exitcode)
-        logger.error(
-            "the process running job %s %s", running.job.id, how, extra=job_fields(running.job)
-        )
-        self._forget()
+        self._forget()  # the outcome's record says how it ended (_log_outcome)
         return retry_or_fail(
             running, f"ChildProcessError: the process running the handler {how}", "", None
         )

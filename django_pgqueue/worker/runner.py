@@ -775,6 +775,7 @@ class Worker:
                 self._observe_duration(running.duration)
             self._outcomes.append(outcome)
             _log_outcome(running.job, outcome)
+            outcome.exception = None  # logged: its frames need not live until written
 
     def _enforce_timeouts(self) -> None:
         now = time.monotonic()
@@ -797,17 +798,12 @@ class Worker:
                 # The handler ignores the interruption (blocked in C code, or swallowed
                 # the exception): record the timeout now and keep the slot counted as
                 # busy until the thread comes back, so concurrency is never exceeded.
-                logger.error(
-                    "job %s did not stop after its timeout; abandoning it%s",
-                    job_id,
-                    " (the event loop is blocked)" if running.on_loop else "",
-                    extra=job_fields(running.job),
-                )
                 del self._running[job_id]
                 self._abandoned[job_id] = running
-                outcome = timeout_outcome(running)
+                outcome = timeout_outcome(running)  # its error says it was abandoned
                 outcome.started = running.recorded_start()
                 self._outcomes.append(outcome)
+                _log_outcome(running.job, outcome)
 
     # -- shutdown -----------------------------------------------------------------------
 
@@ -975,19 +971,44 @@ def _log_outcome(job: Job, outcome: Outcome) -> None:
         )
     elif outcome.status == PENDING:
         logger.warning(
-            "job %s (%s) attempt %d/%d failed, retrying in %.2fs: %s",
+            "job %s (%s) attempt %d/%d failed, retrying in %.2fs: %s%s",
             job.id,
             job.job_type,
             job.attempts,
             job.max_attempts,
             outcome.delay,
             outcome.error,
+            _traceback_text(outcome),
+            exc_info=_exc_info(outcome),
             extra=fields,
         )
     elif outcome.status == CANCELLED:
         logger.info("job %s (%s) cancelled", job.id, job.job_type, extra=fields)
     else:
-        logger.error("job %s (%s) failed: %s", job.id, job.job_type, outcome.error, extra=fields)
+        logger.error(
+            "job %s (%s) failed: %s%s",
+            job.id,
+            job.job_type,
+            outcome.error,
+            _traceback_text(outcome),
+            exc_info=_exc_info(outcome),
+            extra=fields,
+        )
+
+
+def _exc_info(outcome: Outcome) -> tuple[type[BaseException], BaseException, Any] | None:
+    """The ``exc_info`` of a failed attempt's record: what the handler raised, with its
+    traceback, for formatters and error trackers (Sentry's logging integration)."""
+    exc = outcome.exception
+    return None if exc is None else (type(exc), exc, exc.__traceback__)
+
+
+def _traceback_text(outcome: Outcome) -> str:
+    """The traceback to append to the message when there is no exception to attach: a
+    process-isolated handler's, which its child process sent as text."""
+    if outcome.exception is not None or not outcome.traceback:
+        return ""
+    return "\n" + outcome.traceback.rstrip("\n")
 
 
 def _bounded_int(value: Any, field: str, maximum: int, *, minimum: int = 1) -> int:

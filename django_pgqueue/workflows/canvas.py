@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Unpack
 
-from .. import conf
+from .. import conf, tracing
 from ..exceptions import InvalidJobError
 from ..inserts import collector_paused
 from ..jobrows import prepared_rows
@@ -82,20 +82,28 @@ class _Form:
                     "enqueue() of a workflow takes no depends_on: give it to its first "
                     "steps (Step(..., depends_on=[...]))"
                 )
-        specs: list[dict[str, Any]] = []
-        assert isinstance(self, (Chain, Group, Batch))
         alias = conf.jobs_database(using)
-        with collector_paused():  # several objects per step, no cycles (inserts.py)
-            _compile(self, [], specs, dict(options))
-            if _internal_only(specs):
-                # Compiled in order: every step waits for earlier ones only, so the steps
-                # are validated and sent in parts, the server inserting as they come.
-                jobs = enqueue_ordered_graph(prepared_rows(specs), alias, _field)
-            else:
-                jobs = enqueue_graph(list(prepared_rows(specs)), alias, _field)
+        if conf.get_settings().OPENTELEMETRY:
+            with tracing.enqueue_span(None, operation="enqueue workflow") as span:
+                jobs = self._insert(alias, dict(options), tracing.current_context())
+                tracing.describe_enqueued(span, jobs)
+        else:
+            jobs = self._insert(alias, dict(options), None)
         workflow_id = jobs[0].workflow_id
         assert workflow_id is not None
         return Workflow(workflow_id, jobs)
+
+    def _insert(self, alias: str, options: dict[str, Any], trace_context: str | None) -> list[Job]:
+        specs: list[dict[str, Any]] = []
+        assert isinstance(self, (Chain, Group, Batch))
+        with collector_paused():  # several objects per step, no cycles (inserts.py)
+            _compile(self, [], specs, options)
+            rows = prepared_rows(specs, trace_context)
+            if _internal_only(specs):
+                # Compiled in order: every step waits for earlier ones only, so the steps
+                # are validated and sent in parts, the server inserting as they come.
+                return enqueue_ordered_graph(rows, alias, _field)
+            return enqueue_graph(list(rows), alias, _field)
 
 
 class Chain(_Form):

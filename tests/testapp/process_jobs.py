@@ -33,6 +33,10 @@ def exits(job):
     os._exit(3)
 
 
+def raises(job):
+    raise ValueError(f"broken in process {os.getpid()}")
+
+
 def segfaults(job):
     ctypes.string_at(0)
 
@@ -72,6 +76,7 @@ def register():
     job("tests.process.sleeps", isolation="process")(sleeps)
     job("tests.process.exits", isolation="process", max_attempts=2, retry_backoff=NO_BACKOFF)(exits)
     job("tests.process.segfaults", isolation="process", max_attempts=1)(segfaults)
+    job("tests.process.raises", isolation="process", max_attempts=1)(raises)
     job("tests.process.killed", isolation="process", max_attempts=1)(killed)
     job("tests.process.allocates", isolation="process")(allocates)
     job("tests.process.hogs", isolation="process", max_attempts=1)(hogs)
