@@ -22,6 +22,7 @@ from django_pgqueue.cron import Schedule, validate_cron
 from django_pgqueue.exceptions import InvalidJobError, SettingsError
 from django_pgqueue.models import Job, JobStatus, PeriodicTick
 from django_pgqueue.periodic import enqueue_due_ticks, schedules
+from django_pgqueue.testing import assert_enqueued
 from tests.testapp.models import Execution
 from tests.workers import WorkerProcess, wait_for, worker_thread
 
@@ -258,7 +259,7 @@ def test_after_missed_ticks_only_the_latest_is_enqueued(pgqueue_settings):
     jobs = enqueue_due_ticks(now=T0 + timedelta(hours=1, minutes=2))
 
     assert [job.run_at for job in jobs] == [datetime(2030, 1, 7, 13, 0, tzinfo=UTC)]
-    assert Job.objects.count() == 1
+    assert_enqueued(job_type="tests.noop", count=1)
 
 
 @pytest.mark.django_db
@@ -349,7 +350,7 @@ def test_a_tick_is_skipped_while_the_previous_run_holds_the_unique_key(clean_reg
         f"job {first.id} with unique key 'single' is still pending"
     ) in caplog.text
     assert third.run_at == datetime(2030, 1, 7, 12, 15, tzinfo=UTC)
-    assert Job.objects.count() == 2
+    assert assert_enqueued(job_type="tests.periodic.single", count=1) == [third]
 
 
 @pytest.mark.django_db
