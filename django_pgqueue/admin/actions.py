@@ -6,6 +6,7 @@ Each action narrows the selection to the jobs it applies to, changes them throug
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from typing import cast
 
@@ -39,13 +40,15 @@ class JobActions(JobAdminBase):
         # failing a retried job again, after the commit, is not this action's doing.
         with transaction.atomic(using=queryset.db):
             selected = queryset.count()
-            eligible = len(queryset.filter(status__in=RETRYABLE).select_for_update().values("pk"))
+            eligible = _locked_ids(queryset.filter(status__in=RETRYABLE))
             changed = queryset.filter(status__in=RETRYABLE).retry()
+            retried = self._jobs(queryset, eligible).exclude(status__in=RETRYABLE)
+            self._audit(request, list(retried), _("Retried."))
         # What retry() left failed or cancelled: its unique key is held by an active job.
-        held = eligible - changed
+        held = len(eligible) - changed
         message = _(
             "Retry: %(changed)d changed, %(skipped)d skipped (not failed or cancelled)."
-        ) % {"changed": changed, "skipped": selected - eligible}
+        ) % {"changed": changed, "skipped": selected - len(eligible)}
         if held:
             held_message = _("%(held)d skipped (unique key held by an active job).")
             message += " " + held_message % {"held": held}
@@ -55,8 +58,13 @@ class JobActions(JobAdminBase):
     def cancel_jobs(self, request: HttpRequest, queryset: JobQuerySet) -> None:
         selected = queryset.count()
         with transaction.atomic(using=queryset.db):
+            waiting = _locked_ids(queryset.filter(status__in=CANCELLABLE))
             cancelled = queryset.filter(status__in=CANCELLABLE).cancel()
-            asked = queryset.filter(status__in=IN_FLIGHT, cancel_requested_at__isnull=True).cancel()
+            in_flight = queryset.filter(status__in=IN_FLIGHT, cancel_requested_at__isnull=True)
+            running = _locked_ids(in_flight)
+            asked = in_flight.cancel()
+            self._audit(request, list(self._jobs(queryset, waiting)), _("Cancelled."))
+            self._audit(request, list(self._jobs(queryset, running)), _("Asked to stop."))
         changed = cancelled + asked
         self._report(
             request,
@@ -78,13 +86,20 @@ class JobActions(JobAdminBase):
     @admin.action(permissions=["retry"], description=gettext_lazy("Run selected delayed jobs now"))
     def run_jobs_now(self, request: HttpRequest, queryset: JobQuerySet) -> None:
         selected = queryset.count()
-        changed = queryset.run_now()
+        with transaction.atomic(using=queryset.db):
+            delayed = _locked_ids(queryset.filter(not_yet_due_q(), status=JobStatus.PENDING))
+            changed = queryset.run_now()
+            self._audit(request, list(self._jobs(queryset, delayed)), _("Made due now."))
         self._report(
             request,
             _("Run now: %(changed)d changed, %(skipped)d skipped (not delayed pending jobs).")
             % {"changed": changed, "skipped": selected - changed},
             changed,
         )
+
+    def _jobs(self, queryset: JobQuerySet, ids: list[uuid.UUID]) -> JobQuerySet:
+        """The jobs of ``ids``, whatever the selection's filters say of them now."""
+        return self.model._default_manager.using(queryset.db).filter(pk__in=ids)
 
     def job_actions(self, request: HttpRequest, job: Job) -> list[dict[str, str]]:
         """The actions the user may apply to ``job`` now: for buttons on its page."""
@@ -132,3 +147,9 @@ class JobActions(JobAdminBase):
         return HttpResponseRedirect(
             reverse(f"{self.admin_site.name}:django_pgqueue_job_change", args=[job.pk])
         )
+
+
+def _locked_ids(jobs: JobQuerySet) -> list[uuid.UUID]:
+    """The ids of ``jobs``, locked until the end of the transaction: the transition that
+    follows changes all of them, and no worker changes them meanwhile."""
+    return list(jobs.select_for_update().values_list("pk", flat=True))

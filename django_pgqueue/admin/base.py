@@ -8,10 +8,13 @@ state goes through the ``JobQuerySet`` transitions, as actions gated by the
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from django.contrib import admin, messages
+from django.contrib.admin.models import CHANGE, LogEntry
 from django.core.paginator import Paginator
+from django.db.models import Model
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -65,3 +68,16 @@ class JobAdminBase(JobModelAdmin):
         """Log a change made by the user and tell them (a warning when nothing changed)."""
         logger.info("admin user %s: %s", request.user.get_username(), message)
         self.message_user(request, message, messages.SUCCESS if changed else messages.WARNING)
+
+    def _audit(self, request: HttpRequest, objects: Sequence[Model], message: str) -> None:
+        """Record in Django's admin log that the user did ``message`` to each of
+        ``objects`` (jobs, a queue): it shows in each one's History, and in the admin
+        index's recent actions."""
+        user_id = request.user.pk
+        if objects and user_id is not None:  # always a user: the admin is staff-only
+            LogEntry.objects.log_actions(
+                user_id=user_id,
+                queryset=objects,
+                action_flag=CHANGE,
+                change_message=message,
+            )

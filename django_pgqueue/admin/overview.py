@@ -25,6 +25,7 @@ from django.utils.translation import gettext as _
 
 from .. import stats, validation
 from ..exceptions import InvalidArgumentError
+from ..models import QueueState
 from ..queues import known_queues, pause_queue, resume_queue
 from ..schema import JobStatus
 from ..stats import QueueStats, Snapshot, WorkerState, WorkerStats
@@ -69,6 +70,13 @@ class QueueOverview(JobAdminBase):
                 else _("Queue “%s” was not paused.")
             )
         self._report(request, message % queue, int(changed))
+        if changed:
+            state = QueueState.objects.filter(name=queue).first()
+            self._audit(
+                request,
+                [state] if state else [],
+                _("Paused.") if action == "pause" else _("Resumed."),
+            )
         return HttpResponseRedirect(reverse(f"{self.admin_site.name}:django_pgqueue_job_overview"))
 
     def overview_view(self, request: HttpRequest) -> TemplateResponse:
