@@ -29,7 +29,7 @@ WITH updated AS (
        AND {status_in(IN_FLIGHT)}
        AND worker_id IS NOT DISTINCT FROM %s
        AND attempts = %s
-    RETURNING id, progress, current_stage, events_count
+    RETURNING id, progress, current_stage, events_count, attempts
 ), trimmed AS (
     DELETE FROM pgqueue_job_events AS events
      USING updated
@@ -41,8 +41,8 @@ WITH updated AS (
                          ORDER BY kept.id DESC
                         OFFSET {EVENTS_KEPT - 2} LIMIT 1)
 )
-INSERT INTO pgqueue_job_events (job_id, created_at, progress, stage)
-SELECT id, now(), progress, current_stage FROM updated
+INSERT INTO pgqueue_job_events (job_id, created_at, progress, stage, attempt)
+SELECT id, now(), progress, current_stage, attempts FROM updated
 """
 
 

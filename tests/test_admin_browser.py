@@ -285,7 +285,12 @@ def test_a_job_page_shows_progress_and_stage_history_live(page, staff, screensho
         )
 
     stages = [text.split("\t")[1:] for text in rows.all_inner_texts()]
-    assert stages == [["25%", "step 1"], ["50%", "step 2"], ["75%", "step 3"], ["100%", "step 4"]]
+    assert stages == [
+        ["1", "25%", "step 1"],
+        ["1", "50%", "step 2"],
+        ["1", "75%", "step 3"],
+        ["1", "100%", "step 4"],
+    ]
     assert live(page, job, "stage").inner_text() == "step 4"
     assert not page_was_reloaded(page)
     page.reload()  # every field final, for the docs' picture

@@ -20,6 +20,7 @@ from django.utils.translation import gettext_lazy
 from ..models import Job
 from ..schema import JobStatus
 from ..tracing import stored_ids
+from .attempts import attempt_rows
 from .base import JobModelAdmin
 from .formatting import TEMPLATES, display_datetime, json_pre, short_datetime, short_duration
 from .live import event_state, recent_events
@@ -197,6 +198,11 @@ class JobCells(JobModelAdmin):
             ran = short_duration(end - started)
             parts.append(_("ran %s") % ran if job.completed_at else _("running for %s") % ran)
         return "; ".join(parts)
+
+    @admin.display(description=gettext_lazy("attempts"))
+    def attempt_history(self, job: Job) -> str:
+        rows, hidden = attempt_rows(job)
+        return render_to_string(f"{TEMPLATES}/attempts.html", {"attempts": rows, "hidden": hidden})
 
     @admin.display(description=gettext_lazy("events"))
     def history(self, job: Job) -> str:

@@ -189,6 +189,7 @@ class JobAdmin(WorkflowCells, JobActions, LiveView, QueueOverview):
                 )
             },
         ),
+        (gettext_lazy("Attempt history"), {"fields": ("attempt_history",)}),
         (gettext_lazy("Progress history"), {"fields": ("history",)}),
     )
 

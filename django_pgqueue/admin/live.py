@@ -91,6 +91,8 @@ def event_state(event: JobEvent) -> dict[str, Any]:
     """One progress event as the history table and the live endpoint show it."""
     return {
         "created_at": display_datetime(event.created_at),
+        # Events recorded before they had an attempt show none.
+        "attempt": "" if event.attempt is None else event.attempt,
         "progress": event.progress,
         "stage": event.stage,
     }

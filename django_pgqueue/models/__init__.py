@@ -3,6 +3,7 @@ workflow steps, and the tables of running the queue."""
 
 # The states live in schema (with their sets); importable from here too, beside the model.
 from ..schema import JobStatus as JobStatus
+from .attempts import AttemptOutcome, JobAttempt
 from .base import JobsDatabaseManager as JobsDatabaseManager
 from .base import JobsDatabaseModel as JobsDatabaseModel
 from .dependencies import JobDependency, JobWait
@@ -26,9 +27,11 @@ from .transitions import JobQuerySet
 from .transitions import notify_queues as notify_queues
 
 __all__ = [
+    "AttemptOutcome",
     "ConcurrencyLimit",
     "DependencyOutcome",
     "Job",
+    "JobAttempt",
     "JobDependency",
     "JobEvent",
     "JobQuerySet",

@@ -656,6 +656,8 @@ class JobEvent(JobsDatabaseModel):
         created_at (DateTimeField): When the call was made.
         progress (SmallIntegerField): The percent written.
         stage (CharField): The job's ``current_stage`` after the call.
+        attempt (IntegerField): The attempt that made the call (``None`` for events
+            older than this field).
     """
 
     # The database cascades (migration 0003 creates the constraint with ON DELETE
@@ -672,6 +674,8 @@ class JobEvent(JobsDatabaseModel):
     created_at = models.DateTimeField(db_default=Now())
     progress = models.SmallIntegerField()
     stage = models.CharField(max_length=schema.STAGE_MAX_LENGTH, blank=True)
+    #: The attempt that reported it (``None``: recorded before attempts were).
+    attempt = models.IntegerField(null=True, blank=True)
 
     class Meta:
         db_table = "pgqueue_job_events"

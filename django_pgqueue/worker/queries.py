@@ -53,10 +53,16 @@ RATE_LIMITED = "SELECT EXISTS (SELECT 1 FROM pgqueue_rate_limits)"
 # started: when a prefetched job's handler started (NULL: keep the claim's started_at);
 # NaN for a job handed back unstarted, which then has no start time at all (read back,
 # a start time that never happened would count against its rate limit's window).
+# An attempt that ended without completing its job (all but those handed back unstarted)
+# is recorded in pgqueue_job_attempts by the same statement; a retried or snoozed job
+# starts its next attempt with no progress or stage of this one.
 FINISH = f"""
+WITH finished AS (
 UPDATE pgqueue_jobs AS jobs
    SET status = o.status,
-       progress = CASE WHEN o.status = {_COMPLETED} THEN 100 ELSE jobs.progress END,
+       progress = CASE o.status WHEN {_COMPLETED} THEN 100 WHEN {_PENDING} THEN 0
+                                ELSE jobs.progress END,
+       current_stage = CASE WHEN o.status = {_PENDING} THEN '' ELSE jobs.current_stage END,
        completed_at = CASE WHEN o.status = {_PENDING} THEN NULL ELSE now() END,
        run_at = CASE WHEN o.status = {_PENDING}
                      THEN now() + o.delay * interval '1 second' ELSE jobs.run_at END,
@@ -75,7 +81,19 @@ UPDATE pgqueue_jobs AS jobs
  WHERE jobs.id = o.id
    AND jobs.worker_id = %s
    AND {_HELD}
-RETURNING jobs.id
+RETURNING jobs.id, o.status, o.refund, o.snoozed, jobs.attempts + o.refund AS attempt,
+          jobs.started_at, o.error, o.traceback
+), recorded AS (
+INSERT INTO pgqueue_job_attempts
+       (job_id, attempt, worker_id, started_at, ended_at, outcome, error, traceback)
+SELECT id, attempt, %s, started_at, now(),
+       CASE WHEN status <> {_PENDING} THEN status
+            WHEN snoozed > 0 THEN 'snoozed' ELSE 'retried' END,
+       COALESCE(error, ''), COALESCE(traceback, '')
+  FROM finished
+ WHERE status <> {_COMPLETED} AND (refund = 0 OR snoozed > 0)
+)
+SELECT id FROM finished
 """
 
 # FINISH for a batch in which every job completed with no result and no note: what

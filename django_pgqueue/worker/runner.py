@@ -930,7 +930,8 @@ def _finish_completed_params(outcomes: list[Outcome], worker_id: str) -> list[An
 
 
 def finish_params(outcomes: list[Outcome], worker_id: str) -> list[Any]:
-    """The parameters of ``queries.FINISH`` recording ``outcomes`` of ``worker_id``'s jobs."""
+    """The parameters of ``queries.FINISH`` recording ``outcomes`` of ``worker_id``'s jobs
+    (the worker's id twice: it guards the update and names the worker of the attempts)."""
     return [
         [o.job_id for o in outcomes],
         [o.status for o in outcomes],
@@ -942,6 +943,7 @@ def finish_params(outcomes: list[Outcome], worker_id: str) -> list[Any]:
         [o.result for o in outcomes],
         [math.nan if o.unstarted else o.started for o in outcomes],
         [o.snoozed for o in outcomes],
+        worker_id,
         worker_id,
     ]
 

@@ -96,7 +96,7 @@
       var rows = document.createDocumentFragment();
       events.forEach(function (event) {
         var row = document.createElement("tr");
-        [event.created_at, event.progress + "%", event.stage].forEach(function (value) {
+        [event.created_at, event.attempt, event.progress + "%", event.stage].forEach(function (value) {
           var cell = document.createElement("td");
           cell.textContent = value;
           row.appendChild(cell);
