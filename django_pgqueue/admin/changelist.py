@@ -22,8 +22,8 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from ..models import Job
-from .actions import JobActions
 from .base import JobPaginator
+from .errors import ErrorFilter, ErrorGroups
 from .filters import JobTypeFilter, QueueFilter, SearchError, search_filter
 from .formatting import TEMPLATES
 from .live import LiveView
@@ -96,7 +96,7 @@ class JobChangeList(ChangeList):
         return queryset.defer("data", "result", "last_error", "last_traceback", "worker_ids")
 
 
-class JobAdmin(WorkflowCells, JobActions, LiveView, QueueOverview):
+class JobAdmin(WorkflowCells, ErrorGroups, LiveView, QueueOverview):
     """Jobs, read-only, with live progress, retry/cancel/run-now actions and an overview."""
 
     class Media:
@@ -132,6 +132,7 @@ class JobAdmin(WorkflowCells, JobActions, LiveView, QueueOverview):
         "held",
         ("created_at", admin.DateFieldListFilter),
         WorkflowFilter,
+        ErrorFilter,
     )
     # The search is ours (get_search_results); naming a field only shows the search box.
     search_fields = ("job_type",)
@@ -234,6 +235,12 @@ class JobAdmin(WorkflowCells, JobActions, LiveView, QueueOverview):
                 name="django_pgqueue_job_queue_action",
             ),
             path("live/", wrap(self.live_view), name="django_pgqueue_job_live"),
+            path("errors/", wrap(self.errors_view), name="django_pgqueue_job_errors"),
+            path(
+                "errors/retry/",
+                wrap(self.errors_retry_view),
+                name="django_pgqueue_job_errors_retry",
+            ),
             path(
                 "workflow/<uuid:workflow_id>/",
                 wrap(self.workflow_view),

@@ -1,0 +1,139 @@
+"""Failed jobs grouped by job type and error class, with a link to each group's jobs and
+a button that retries a whole group.
+
+A job's error class is the exception class that begins its ``last_error``
+(``"ValueError: ..."`` is ``ValueError``); an error that does not begin with one (a lost
+worker's, for one) has none, ``""``. ``error_class()`` is that rule, in SQL, for the page
+and for the changelist's ``error`` filter alike. The page reads failed jobs through the
+partial index ``idx_jobs_failed``, so its cost follows the number of failed jobs, not
+the size of the table.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.db.models import CharField, Count, F, Func, Max, OuterRef, QuerySet, Subquery, Value
+from django.db.models.functions import Coalesce
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.http import urlencode
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
+
+from ..models import Job, JobQuerySet
+from ..schema import JobStatus
+from .actions import JobActions
+from .formatting import TEMPLATES, display_datetime
+
+#: The groups listed, largest first; the page says when there are more.
+GROUPS_SHOWN = 100
+#: How much of a group's latest error the page quotes.
+ERROR_SHOWN = 300
+#: An exception class at the start of an error: a dotted name, then a colon.
+ERROR_CLASS_PATTERN = r"^([A-Za-z_][A-Za-z0-9_.]*):"
+
+
+def error_class() -> Coalesce:
+    """The error class of a job, as an expression: the exception class ``last_error``
+    begins with, else ``""`` (PostgreSQL's ``substring(text, pattern)``). Built from
+    ``F()``, not raw SQL, so that a subquery compares its own rows' classes."""
+    first = Func(
+        F("last_error"),
+        Value(ERROR_CLASS_PATTERN),
+        function="substring",
+        output_field=CharField(),
+    )
+    return Coalesce(first, Value(""), output_field=CharField())
+
+
+def failed_group(jobs: QuerySet[Job], job_type: str, error: str) -> QuerySet[Job]:
+    """The failed jobs of ``jobs`` of ``job_type`` whose error class is ``error``."""
+    failed = jobs.filter(status=JobStatus.FAILED, job_type=job_type)
+    return failed.annotate(error_class=error_class()).filter(error_class=error)
+
+
+class ErrorFilter(admin.SimpleListFilter):
+    """Jobs whose error class is the one given (``?error=ValueError``), linked from the
+    errors page; shown in the sidebar only while it filters."""
+
+    title = gettext_lazy("error")
+    parameter_name = "error"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        value = self.value()
+        return [(value, value or _("(no exception class)"))] if value is not None else []
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        value = self.value()
+        if value is None:
+            return queryset
+        return queryset.annotate(error_class=error_class()).filter(error_class=value)
+
+
+class ErrorGroups(JobActions):
+    """The errors page and its retry of a group."""
+
+    def errors_view(self, request: HttpRequest) -> TemplateResponse:
+        """Failed jobs by job type and error class: how many, the latest, its error."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        site = self.admin_site.name
+        changelist = reverse(f"{site}:django_pgqueue_job_changelist")
+        failed = self.get_queryset(request).filter(status=JobStatus.FAILED)
+        # The newest error of each group, read by the same statement.
+        newest = (
+            failed.filter(job_type=OuterRef("job_type"))
+            .annotate(error_class=error_class())
+            .filter(error_class=OuterRef("error_class"))
+            .order_by("-completed_at")
+            .values("last_error")[:1]
+        )
+        groups = list(
+            failed.annotate(error_class=error_class())
+            .values("job_type", "error_class")
+            .annotate(jobs=Count("id"), latest=Max("completed_at"), message=Subquery(newest))
+            .order_by("-jobs", "job_type", "error_class")[: GROUPS_SHOWN + 1]
+        )
+        retry = self.has_retry_permission(request)
+        rows = [self._group_row(group, changelist, retry) for group in groups[:GROUPS_SHOWN]]
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Errors"),
+            "opts": self.opts,
+            "groups": rows,
+            "more": len(groups) > GROUPS_SHOWN,
+            "changelist_url": changelist,
+            "retry_url": reverse(f"{site}:django_pgqueue_job_errors_retry") if retry else None,
+        }
+        return TemplateResponse(request, f"{TEMPLATES}/errors.html", context)
+
+    def _group_row(self, group: dict[str, Any], changelist: str, retry: bool) -> dict[str, Any]:
+        job_type, error = group["job_type"], group["error_class"]
+        filters = {"status__exact": JobStatus.FAILED.value, "job_type": job_type, "error": error}
+        message = group["message"] or ""
+        return {
+            "job_type": job_type,
+            "error_class": error,
+            "jobs": group["jobs"],
+            "latest": display_datetime(group["latest"]),
+            "message": message[:ERROR_SHOWN] + ("…" if len(message) > ERROR_SHOWN else ""),
+            "url": f"{changelist}?{urlencode(filters)}",
+        }
+
+    def errors_retry_view(self, request: HttpRequest) -> HttpResponse:
+        """Retry every failed job of one group (the errors page's buttons), then go back."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not (self.has_view_permission(request) and self.has_retry_permission(request)):
+            raise PermissionDenied
+        job_type, error = request.POST.get("job_type"), request.POST.get("error_class")
+        if job_type is None or error is None:
+            return self._not_found(request, _("No group of errors was named."))
+        group = failed_group(self.get_queryset(request), job_type, error)
+        # Job's manager builds JobQuerySets; the admin's get_queryset is typed as QuerySet.
+        self.retry_jobs(request, cast(JobQuerySet, group))
+        return HttpResponseRedirect(reverse(f"{self.admin_site.name}:django_pgqueue_job_errors"))
