@@ -39,7 +39,7 @@ from django.utils.translation import gettext_lazy as _
 
 from . import conf
 from .due import DUE, NOT_YET_DUE
-from .models import LimitScope, WorkerRecord
+from .models import Job, LimitScope, WorkerRecord
 from .schema import FINISHED, IN_FLIGHT, JobStatus, status_in
 
 #: The window of "recent" figures: throughput and waiting times.
@@ -372,31 +372,49 @@ def snapshot(*, using: str | None = None, totals: bool = False) -> Snapshot:
     )
 
 
+def worker(worker_id: str, *, using: str | None = None) -> tuple[WorkerStats, datetime] | None:
+    """One worker as ``snapshot()`` reads it, and the database's time of the reading;
+    ``None`` for a worker that has no row (never started, or forgotten a day after it
+    was last seen)."""
+    alias = conf.jobs_database(using)
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        cursor.execute(f"SELECT {_NOW}")
+        (taken_at,) = cursor.fetchone()
+        record = WorkerRecord.objects.using(alias).filter(worker_id=worker_id).first()
+        if record is None:
+            return None
+        held = Job.objects.using(alias).filter(worker_id=worker_id, status__in=IN_FLIGHT).count()
+    return _worker_stats(record, taken_at, held), taken_at
+
+
 def _workers(alias: str, now: datetime, held: dict[str, int]) -> list[WorkerStats]:
-    stale_after = timedelta(seconds=conf.get_settings().STALE_AFTER)
-    workers = []
-    for record in WorkerRecord.objects.using(alias).order_by("-heartbeat_at", "worker_id"):
-        if record.stopped_at is not None:
-            state = WorkerState.STOPPED
-        elif now - record.heartbeat_at > stale_after:
-            state = WorkerState.NOT_RESPONDING
-        else:
-            state = WorkerState.ALIVE
-        workers.append(
-            WorkerStats(
-                worker_id=record.worker_id,
-                hostname=record.hostname,
-                pid=record.pid,
-                queues=record.queues,
-                job_types=record.job_types,
-                concurrency=record.concurrency,
-                running=held.get(record.worker_id, 0),
-                started_at=record.started_at,
-                heartbeat_at=record.heartbeat_at,
-                stopped_at=record.stopped_at,
-                state=state,
-            )
-        )
+    workers = [
+        _worker_stats(record, now, held.get(record.worker_id, 0))
+        for record in WorkerRecord.objects.using(alias).order_by("-heartbeat_at", "worker_id")
+    ]
     order = list(WorkerState)
     workers.sort(key=lambda worker: order.index(WorkerState(worker.state)))  # stable
     return workers
+
+
+def _worker_stats(record: WorkerRecord, now: datetime, held: int) -> WorkerStats:
+    """The worker of ``record``, holding ``held`` jobs, its state judged at ``now``."""
+    if record.stopped_at is not None:
+        state = WorkerState.STOPPED
+    elif now - record.heartbeat_at > timedelta(seconds=conf.get_settings().STALE_AFTER):
+        state = WorkerState.NOT_RESPONDING
+    else:
+        state = WorkerState.ALIVE
+    return WorkerStats(
+        worker_id=record.worker_id,
+        hostname=record.hostname,
+        pid=record.pid,
+        queues=record.queues,
+        job_types=record.job_types,
+        concurrency=record.concurrency,
+        running=held,
+        started_at=record.started_at,
+        heartbeat_at=record.heartbeat_at,
+        stopped_at=record.stopped_at,
+        state=state,
+    )

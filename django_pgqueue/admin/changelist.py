@@ -237,6 +237,11 @@ class JobAdmin(WorkflowCells, ErrorGroups, LiveView, QueueOverview):
             path("live/", wrap(self.live_view), name="django_pgqueue_job_live"),
             path("errors/", wrap(self.errors_view), name="django_pgqueue_job_errors"),
             path(
+                "workers/<path:worker_id>/",
+                wrap(self.worker_view),
+                name="django_pgqueue_job_worker",
+            ),
+            path(
                 "errors/retry/",
                 wrap(self.errors_retry_view),
                 name="django_pgqueue_job_errors_retry",

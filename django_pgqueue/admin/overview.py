@@ -8,7 +8,7 @@ a limit; a queue that only a worker names shows in that worker's row.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
@@ -27,13 +27,15 @@ from .. import stats, validation
 from ..exceptions import InvalidArgumentError
 from ..models import QueueState
 from ..queues import known_queues, pause_queue, resume_queue
-from ..schema import JobStatus
-from ..stats import QueueStats, Snapshot, WorkerState, WorkerStats
+from ..schema import IN_FLIGHT, JobStatus
+from ..stats import QueueStats, WorkerState, WorkerStats
 from .base import JobAdminBase
 from .formatting import TEMPLATES, display_datetime, short_duration
 
 #: Most workers listed (the newest heartbeats first, after the state).
 WORKERS_SHOWN = 50
+#: Jobs a worker's page lists; the page says when it holds more.
+JOBS_SHOWN = 50
 
 
 class QueueOverview(JobAdminBase):
@@ -97,10 +99,53 @@ class QueueOverview(JobAdminBase):
                 if queue.has_jobs or queue.paused or queue.max_running is not None
             ],
             "totals": queue_row(shot.all_queues(), changelist),
-            "workers": [worker_row(worker, shot) for worker in shot.workers[:WORKERS_SHOWN]],
+            "workers": [
+                worker_row(worker, shot.taken_at) for worker in shot.workers[:WORKERS_SHOWN]
+            ],
             "changelist_url": changelist,
         }
         return TemplateResponse(request, f"{TEMPLATES}/overview.html", context)
+
+    def worker_view(self, request: HttpRequest, worker_id: str) -> HttpResponse:
+        """One worker: what it serves, its heartbeat, and the jobs it holds now."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        found = stats.worker(worker_id)
+        if found is None:
+            return self._not_found(
+                request, _("No worker “%s” has reported in the last day.") % worker_id
+            )
+        worker, taken_at = found
+        held = (
+            self.get_queryset(request)
+            .filter(worker_id=worker_id, status__in=IN_FLIGHT)
+            .order_by("claimed_at", "id")[: JOBS_SHOWN + 1]
+        )
+        jobs = [
+            {
+                "id": job.pk,
+                "url": reverse(f"{self.admin_site.name}:django_pgqueue_job_change", args=[job.pk]),
+                "job_type": job.job_type,
+                "queue": job.queue,
+                "status": job.get_status_display(),
+                "cancel_requested": job.cancel_requested_at is not None,
+                "attempts": job.attempts,
+                "progress": job.progress,
+                "started": display_datetime(job.attempt_started_at),
+            }
+            for job in held
+        ]
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Worker %s") % worker_id,
+            "opts": self.opts,
+            "worker": worker_row(worker, taken_at),
+            "jobs": jobs[:JOBS_SHOWN],
+            "more": len(jobs) > JOBS_SHOWN,
+            "now": display_datetime(taken_at),
+            "changelist_url": reverse(f"{self.admin_site.name}:django_pgqueue_job_changelist"),
+        }
+        return TemplateResponse(request, f"{TEMPLATES}/worker.html", context)
 
     def _queue_state(self, request: HttpRequest, queue: QueueStats) -> dict[str, Any]:
         """The queue's pause state and limit, and its pause or resume button."""
@@ -164,14 +209,17 @@ def queue_row(queue: QueueStats, changelist: str) -> dict[str, Any]:
     }
 
 
-def worker_row(worker: WorkerStats, shot: Snapshot) -> dict[str, Any]:
-    """A worker as the table shows it, its last heartbeat measured at ``shot.taken_at``."""
+def worker_row(worker: WorkerStats, taken_at: datetime) -> dict[str, Any]:
+    """A worker as the tables show it, its last heartbeat measured at ``taken_at``."""
     return {
         "record": worker,
         "state": WorkerState(worker.state).label,
         "held": worker.running,
-        "last_seen": short_duration(shot.taken_at - worker.heartbeat_at),
+        "last_seen": short_duration(taken_at - worker.heartbeat_at),
         "heartbeat_at": display_datetime(worker.heartbeat_at),
         "started_at": display_datetime(worker.started_at),
+        "stopped_at": display_datetime(worker.stopped_at),
         "queues": ", ".join(worker.queues) if worker.queues else _("all"),
+        "job_types": ", ".join(worker.job_types) if worker.job_types else _("all"),
+        "url": reverse("admin:django_pgqueue_job_worker", args=[worker.worker_id]),
     }
