@@ -321,3 +321,14 @@ def test_the_queue_overview_shows_queues_and_workers(page, staff, make_job, scre
         workers = page.locator("#pgqueue-workers tr.pgqueue-worker-row")
         assert "alive" in workers.filter(has_text=worker.worker_id).inner_text()
         screenshot(page, "admin-overview.png")
+
+
+def test_the_changelist_fits_a_1280_pixel_wide_window(page, staff, make_job):
+    scenery(make_job)
+    log_in(page, staff("watcher", "view_job"))
+    page.set_viewport_size({"width": 1280, "height": 760})
+    page.reload()
+
+    overflow = page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
+
+    assert overflow <= 0, f"the job list is {overflow}px wider than a 1280px window"

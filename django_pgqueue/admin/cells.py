@@ -22,7 +22,14 @@ from ..schema import JobStatus
 from ..tracing import stored_ids
 from .attempts import attempt_rows
 from .base import JobModelAdmin
-from .formatting import TEMPLATES, display_datetime, json_pre, short_datetime, short_duration
+from .formatting import (
+    TEMPLATES,
+    display_datetime,
+    json_pre,
+    short_datetime,
+    short_duration,
+    status_label,
+)
 from .live import event_state, recent_events
 
 #: Characters of a job's id the changelist shows: its last ones, random in every id.
@@ -55,7 +62,7 @@ class JobCells(JobModelAdmin):
             job.status,
             job.pk,
             job.status,
-            job.get_status_display(),
+            status_label(job),
         )
 
     @admin.display(description=gettext_lazy("progress"), ordering="progress")
@@ -136,6 +143,21 @@ class JobCells(JobModelAdmin):
     @admin.display(description=gettext_lazy("cancel requested at"))
     def cancel_requested(self, job: Job) -> SafeString:
         return self._time(job, "", job.cancel_requested_at, short=False)
+
+    @admin.display(description=gettext_lazy("runs at"), ordering="run_at")
+    def runs_at(self, job: Job) -> SafeString | str:
+        """When a pending job is due: "in 4m" ahead (a delayed job, a retry in backoff),
+        "due" once reached; waiting jobs run after their dependencies."""
+        if job.status == JobStatus.WAITING:
+            return _("after its dependencies")
+        if job.status != JobStatus.PENDING:
+            return ""
+        # Due as the database decides it: the changelist's annotation (JobChangeList).
+        if getattr(job, "is_due", False):
+            text = _("due")
+        else:
+            text = _("in %s") % short_duration(job.run_at - timezone.now())
+        return format_html('<span title="{}">{}</span>', display_datetime(job.run_at), text)
 
     @admin.display(description=gettext_lazy("age"), ordering="-created_at")
     def age(self, job: Job) -> SafeString:

@@ -14,13 +14,14 @@ from typing import Any, cast
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
 from django.core.paginator import EmptyPage
-from django.db.models import QuerySet
+from django.db.models import BooleanField, ExpressionWrapper, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path
 from django.utils.functional import cached_property
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
+from ..due import due_q
 from ..models import Job
 from .base import JobPaginator
 from .errors import ErrorFilter, ErrorGroups
@@ -89,11 +90,13 @@ def planner_estimate(queryset: QuerySet[Any]) -> int:
 
 
 class JobChangeList(ChangeList):
-    """The changelist, without the large columns no list cell shows."""
+    """The changelist, without the large columns no list cell shows, and with whether
+    each job is due as the database decides it (``is_due``, for the "runs at" column)."""
 
     def get_queryset(self, request: HttpRequest, *args: Any, **kwargs: Any) -> QuerySet[Job]:
         queryset: QuerySet[Job] = super().get_queryset(request, *args, **kwargs)
-        return queryset.defer("data", "result", "last_error", "last_traceback", "worker_ids")
+        deferred = queryset.defer("data", "result", "last_error", "last_traceback", "worker_ids")
+        return deferred.annotate(is_due=ExpressionWrapper(due_q(), output_field=BooleanField()))
 
 
 class JobAdmin(WorkflowCells, ErrorGroups, LiveView, QueueOverview):
@@ -119,6 +122,7 @@ class JobAdmin(WorkflowCells, ErrorGroups, LiveView, QueueOverview):
         "progress_bar",
         "attempts_display",
         "worker",
+        "runs_at",
         "created",
         "started",
         "completed",

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
+from django.utils.translation import gettext as _
+
+from ..schema import IN_FLIGHT
 
 #: The directory of the Job admin's templates.
 TEMPLATES = "django_pgqueue/admin/job"
@@ -59,3 +63,12 @@ def json_pre(value: object) -> SafeString:
         '<pre class="pgqueue-pre pgqueue-json">{}</pre>',
         json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True),
     )
+
+
+def status_label(job: Any) -> str:
+    """The status as the badges show it: a claimed or running job asked to stop says
+    so, until its worker stops it."""
+    label = str(job.get_status_display())
+    if job.cancel_requested_at is not None and job.status in IN_FLIGHT:
+        return _("%(status)s, cancel requested") % {"status": label}
+    return label

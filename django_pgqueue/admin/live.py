@@ -15,7 +15,7 @@ from django.http import HttpRequest, JsonResponse
 from ..models import Job, JobEvent
 from ..schema import FINISHED
 from .base import JobModelAdmin
-from .formatting import display_datetime, time_state
+from .formatting import display_datetime, status_label, time_state
 
 #: Events shown on a job's page and returned by the live endpoint.
 HISTORY_SHOWN = 50
@@ -34,6 +34,7 @@ LIVE_FIELDS = (
     "completed_at",
     "last_error",
     "events_count",
+    "cancel_requested_at",
 )
 
 
@@ -67,7 +68,7 @@ def live_state(job: Job) -> dict[str, Any]:
     return {
         "id": str(job.pk),
         "status": job.status,
-        "status_label": job.get_status_display(),
+        "status_label": status_label(job),
         "finished": job.status in FINISHED,
         "progress": job.progress,
         "current_stage": job.current_stage,
