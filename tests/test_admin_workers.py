@@ -50,11 +50,17 @@ def test_a_workers_page_shows_what_it_serves_and_the_jobs_it_holds(
         status="running",
         worker_id=WORKER_ID,
         attempts=1,
+        claimed_at=timezone.now() - timedelta(seconds=2),
         started_at=timezone.now(),
         progress=40,
         cancel_requested_at=timezone.now(),
     )
-    claimed = make_job(job_type="shop.send_welcome", status="claimed", worker_id=WORKER_ID)
+    claimed = make_job(
+        job_type="shop.send_welcome",
+        status="claimed",
+        worker_id=WORKER_ID,
+        claimed_at=timezone.now() - timedelta(seconds=1),
+    )
     make_job(status="completed", worker_id=WORKER_ID)  # ran here once, not held
     make_job(status="running", worker_id="another-worker")
 
