@@ -19,6 +19,7 @@ Exception
     ├── Snooze
     ├── JobCancelled
     ├── JobTimeout
+    ├── StepError
     ├── JobNotFoundError (also a LookupError)
     └── JobNotCompletedError
         ├── JobFailedError
@@ -57,6 +58,7 @@ __all__ = [
     "RetryJob",
     "SettingsError",
     "Snooze",
+    "StepError",
     "TaskReturnValueError",
     "UndecodableJobError",
     "UnknownJobTypeError",
@@ -285,6 +287,15 @@ class JobTimeout(PgQueueError):
 
     The attempt fails and is retried like any other failure. See
     [Set timeouts](../how-to/timeouts.md).
+    """
+
+
+class StepError(PgQueueError):
+    """A [durable step](../how-to/steps.md) was misused or could not be recorded.
+
+    Raised by ``job.step()`` outside a running job, for a name already used in this
+    attempt, and for an atomic step whose job is no longer held by this attempt (it
+    was recovered or finished meanwhile): the step's writes are rolled back.
     """
 
 

@@ -35,7 +35,7 @@ from django.db import connections, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from . import conf, jobrows, registry, signals, validation
+from . import conf, jobrows, registry, signals, steps, validation
 from .exceptions import InvalidJobError, JobFailedError
 from .models import Job
 from .registry import JobDefinition
@@ -297,6 +297,7 @@ def drain(
         job = Job.objects.using(alias).get(pk=job_id)
         running = RunningJob(job=job, definition=registry.find_definition(job.job_type))
         outcome = _execute(running, alias)
+        steps.write_deferred(job, alias)
         psycopg.Cursor(conn).execute(
             queries.FINISH, finish_params([outcome], RUN_JOB_WORKER_ID), prepare=False
         )
@@ -445,6 +446,7 @@ def _running_job(
     held.attempts = next_attempt if attempt is None else attempt
     held.status = JobStatus.RUNNING
     held.worker_id = RUN_JOB_WORKER_ID
+    held._store_steps = False  # run_job() writes nothing: its steps always run
     return RunningJob(job=held, definition=definition)
 
 

@@ -92,6 +92,12 @@ def unique_key(value: Any, field: str = "unique_key") -> str:
     return _key(value, field, schema.UNIQUE_KEY_MAX_LENGTH, "; pass None for no key")
 
 
+def step_name(value: Any, field: str = "name") -> str:
+    """The name of a durable step: text of 1 to ``STEP_NAME_MAX_LENGTH`` characters, no
+    NUL."""
+    return _key(value, field, schema.STEP_NAME_MAX_LENGTH, "")
+
+
 def concurrency_key(value: Any, field: str = "concurrency_key") -> str:
     """A key of a per-key concurrency limit: text of 1 to ``CONCURRENCY_KEY_MAX_LENGTH``
     characters, no NUL."""
@@ -281,6 +287,12 @@ def payload(value: Any, field: str = "data", *, max_bytes: int) -> str:
         return "{}"
     if not isinstance(value, dict):
         raise InvalidJobError(field, f"must be a dict (a JSON object), got {type(value).__name__}")
+    return json_value(value, field, max_bytes=max_bytes)
+
+
+def json_value(value: Any, field: str, *, max_bytes: int) -> str:
+    """Serialise any JSON value (a step's result) as :func:`payload` does a payload, with
+    its checks and its limit of ``max_bytes``."""
     try:
         _check_tree(value, 0)
     except _Unstorable as exc:

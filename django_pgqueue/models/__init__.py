@@ -23,6 +23,7 @@ from .operations import (
 from .operations import (
     RateLimitScope as RateLimitScope,
 )
+from .steps import JobStep
 from .transitions import JobQuerySet
 from .transitions import notify_queues as notify_queues
 
@@ -35,6 +36,7 @@ __all__ = [
     "JobDependency",
     "JobEvent",
     "JobQuerySet",
+    "JobStep",
     "JobWait",
     "PeriodicTick",
     "QueueState",

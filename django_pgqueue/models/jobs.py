@@ -5,10 +5,10 @@ from __future__ import annotations
 import functools
 import operator
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, ClassVar, Protocol, Self
+from typing import Any, ClassVar, Protocol, Self, TypeVar, cast
 
 from asgiref.sync import sync_to_async
 from django.contrib.postgres.functions import RandomUUID
@@ -25,9 +25,12 @@ from ..exceptions import InvalidJobError, JobCancelled
 from ..indexes import GinIndex
 from ..progress import write_progress
 from ..schema import ACTIVE, FINISHED, IN_FLIGHT, JobStatus
+from ..steps import run_step
 from .base import JobsDatabaseManager, JobsDatabaseModel
 from .dependencies import JobDependency
 from .transitions import JobQuerySet
+
+T = TypeVar("T")
 
 
 class _CancelSignal(Protocol):
@@ -276,6 +279,8 @@ class Job(JobsDatabaseModel):
 
     # Set by the worker while it runs the job; see ``is_cancel_requested``.
     _cancel_event: _CancelSignal | None = None
+    # False on the test kit's run_job() copies: steps run, and nothing is stored.
+    _store_steps: bool = True
 
     def __str__(self) -> str:
         return f"{self.job_type} [{self.status}] {self.id}"
@@ -394,6 +399,49 @@ class Job(JobsDatabaseModel):
         async ORM calls (``sync_to_async``), so the event loop is not blocked.
         """
         return await sync_to_async(self.set_progress)(percent, stage)
+
+    def step(
+        self, name: str, func: Callable[..., T], /, *args: Any, atomic: bool = False, **kwargs: Any
+    ) -> T:
+        """Run ``func(*args, **kwargs)`` as the durable step ``name`` of this job: the
+        first attempt to reach it calls the function and stores its result; every later
+        attempt of the job gets the stored result back without calling it.
+
+        ```python
+        @job("shop.checkout")
+        def checkout(job):
+            charge = job.step("charge", payments.charge, job.data["order_id"])
+            job.step("receipt", mail.send_receipt, job.data["order_id"], charge["id"])
+        ```
+
+        A step that raises stores nothing: the attempt fails as usual, and the retry
+        runs it again. Steps are matched by name, not by position, so the code around
+        them may change between attempts. See [Durable steps](../how-to/steps.md).
+
+        Args:
+            name: The step's name within the job: 1 to 200 characters, no NUL.
+            func: What the step does. Its return value must be JSON (as a payload is,
+                within ``PGQUEUE["MAX_PAYLOAD_BYTES"]``); it comes back through JSON,
+                the first time too (a tuple is returned as a list).
+            *args: Passed to ``func``.
+            atomic: Run ``func`` and store its result in one transaction on the jobs
+                database: its writes there and the checkpoint commit together, so the
+                step happens exactly once even if the worker dies right after it.
+                Without it the checkpoint is committed right after ``func`` returns, on
+                its own, even when the handler's transaction later rolls back: a worker
+                killed in between runs the step again (at least once).
+            **kwargs: Passed to ``func``.
+
+        Returns:
+            The step's result, as JSON gives it back.
+
+        Raises:
+            InvalidArgumentError: For an invalid name, or a result that is not JSON or
+                is too large; nothing is stored.
+            StepError: Outside a running job, for a name already used in this attempt,
+                or for an atomic step whose job is no longer held by this attempt.
+        """
+        return cast(T, run_step(self, name, func, args, kwargs, atomic))
 
     def is_cancel_requested(self) -> bool:
         """Tell whether someone asked to cancel this job while it runs.

@@ -1,6 +1,7 @@
 """Handlers the test suite enqueues; discovered through autodiscovery of ``jobs`` modules."""
 
 import os
+import signal
 import time
 
 from asgiref.sync import sync_to_async
@@ -169,3 +170,15 @@ if os.environ.get("PGQUEUE_TEST_PROCESS_JOBS"):
     from . import process_jobs
 
     process_jobs.register()
+
+
+@job("tests.steps.crash_after_step", max_attempts=3, retry_backoff=NO_BACKOFF, atomic=False)
+def crash_after_step(job):
+    """An atomic step that records an execution; then, on the first attempt when
+    ``data['crash']``, the worker process dies at once (SIGKILL), right after the step
+    committed (tests/test_steps.py). The handler is not atomic: each atomic step commits
+    as it ends."""
+    job.step("record", _record_execution, job, atomic=True)
+    if job.attempts == 1 and job.data.get("crash"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return "done"
