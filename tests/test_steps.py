@@ -7,6 +7,7 @@ import time
 
 import pytest
 from django.db import connection
+from django.urls import reverse
 
 from django_pgqueue import enqueue, job
 from django_pgqueue.exceptions import InvalidArgumentError, RetryJob, StepError
@@ -275,3 +276,19 @@ def test_deleting_a_job_deletes_its_checkpoints(checkout):
         cursor.execute("DELETE FROM pgqueue_jobs WHERE id = %s", [done.pk])
 
     assert not JobStep.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_jobs_page_lists_its_steps_and_a_job_without_steps_has_none(checkout, admin_client):
+    done = run_until_finished(enqueue("tests.checkout", {"order_id": 8}))
+    plain = enqueue("tests.noop")
+
+    page = admin_client.get(reverse("admin:django_pgqueue_job_change", args=[done.pk]))
+    other = admin_client.get(reverse("admin:django_pgqueue_job_change", args=[plain.pk]))
+
+    html = page.content.decode()
+    assert html.count('<tr class="pgqueue-step">') == 2
+    assert "<td><code>charge</code></td><td>1</td>" in html
+    assert "<td><code>email</code></td><td>2</td>" in html
+    assert "&quot;charge_id&quot;: &quot;ch_8&quot;" in html
+    assert "pgqueue-steps" not in other.content.decode()

@@ -1,18 +1,24 @@
 """A job's attempt history as its page shows it: the attempts recorded in
-``JobAttempt``, then the job's own current or completing attempt."""
+``JobAttempt``, then the job's own current or completing attempt; and the checkpoints
+of its durable steps."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.utils.translation import gettext as _
 
-from ..models import AttemptOutcome, Job, JobAttempt
+from ..models import AttemptOutcome, Job, JobAttempt, JobStep
 from ..schema import JobStatus
 from .formatting import display_datetime, short_duration
 
 #: The most recent attempts shown; older ones are counted.
 ATTEMPTS_SHOWN = 50
+#: The first steps shown; later ones are counted.
+STEPS_SHOWN = 50
+#: How much of a step's JSON result is quoted.
+RESULT_SHOWN = 200
 
 # The job's own attempt is not in JobAttempt while it is held or once it completed it.
 _OWN_ATTEMPT = {JobStatus.CLAIMED, JobStatus.RUNNING, JobStatus.COMPLETED}
@@ -60,3 +66,27 @@ def _own_row(job: Job) -> dict[str, Any]:
         "error": "",
         "traceback": "",
     }
+
+
+def step_rows(job: Job) -> tuple[list[dict[str, Any]], int]:
+    """The rows of ``job``'s completed steps in the order they ran, and how many more
+    there are than ``STEPS_SHOWN``."""
+    steps = list(JobStep.objects.filter(job_id=job.pk).order_by("id")[: STEPS_SHOWN + 1])
+    hidden = (
+        JobStep.objects.filter(job_id=job.pk).count() - STEPS_SHOWN
+        if len(steps) > STEPS_SHOWN
+        else 0
+    )
+    rows = []
+    for step in steps[:STEPS_SHOWN]:
+        result = json.dumps(step.result)
+        rows.append(
+            {
+                "name": step.name,
+                "attempt": step.attempt,
+                "started": display_datetime(step.started_at),
+                "duration": short_duration(step.completed_at - step.started_at),
+                "result": result[:RESULT_SHOWN] + ("…" if len(result) > RESULT_SHOWN else ""),
+            }
+        )
+    return rows, hidden

@@ -31,6 +31,9 @@ from .live import LiveView
 from .overview import QueueOverview
 from .workflows import WORKFLOW_FIELDSET, WorkflowCells, WorkflowFilter
 
+#: The fieldset of the job page, added for jobs with durable steps.
+STEPS_FIELDSET = (gettext_lazy("Steps"), {"fields": ("steps_display",)})
+
 
 class EstimatedCountPaginator(JobPaginator):
     """Counts exactly up to ``exact_count_limit`` rows and estimates beyond that.
@@ -199,9 +202,12 @@ class JobAdmin(WorkflowCells, ErrorGroups, LiveView, QueueOverview):
     )
 
     def get_fieldsets(self, request: HttpRequest, obj: Job | None = None) -> Any:
+        fieldsets: tuple[Any, ...] = self.fieldsets
+        if obj is not None and obj.steps.exists():
+            fieldsets = (*fieldsets, STEPS_FIELDSET)
         if obj is not None and obj.workflow_id is not None:
-            return (*self.fieldsets, WORKFLOW_FIELDSET)
-        return self.fieldsets
+            fieldsets = (*fieldsets, WORKFLOW_FIELDSET)
+        return fieldsets
 
     def get_readonly_fields(self, request: HttpRequest, obj: Job | None = None) -> list[str]:
         return [
