@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("django_pgqueue.periodic")
 
-__all__ = ["enqueue_due_ticks", "schedules"]
+__all__ = ["enqueue_due_ticks", "run_now", "schedules"]
 
 
 def schedules() -> list[Schedule]:
@@ -195,18 +195,8 @@ def _handle(
             return None  # another caller enqueued this tick first
         try:
             with transaction.atomic(using=alias):
-                job = enqueue(
-                    schedule.job_type,
-                    schedule.data,
-                    queue=schedule.queue,
-                    priority=schedule.priority,
-                    max_attempts=schedule.max_attempts,
-                    # The job's run_at tells its handler which tick it is for.
-                    run_at=tick,
-                    unique_key=schedule.unique_key,
-                    on_duplicate="raise",
-                    using=alias,
-                )
+                # The job's run_at tells its handler which tick it is for.
+                job = _enqueue_for(schedule, tick, alias)
         except DuplicateJobError as exc:
             # The tick stays consumed: runs do not pile up behind a slow one.
             logger.info(
@@ -229,6 +219,42 @@ def _handle(
         extra=logfields.job_fields(job),
     )
     return job
+
+
+def run_now(name: str, *, using: str | None = None) -> Job:
+    """Enqueue the job of the schedule ``name`` now, as its ticks do, outside its ticks:
+    the schedule's next tick comes as planned.
+
+    Raises ``LookupError`` for a name no schedule has, and ``DuplicateJobError`` when the
+    schedule's unique key is held by an active job (nothing is enqueued).
+    """
+    found = {schedule.name: schedule for schedule in schedules()}
+    if name not in found:
+        raise LookupError(f"no periodic job is named {name!r}")
+    alias = conf.jobs_database(using)
+    job = _enqueue_for(found[name], None, alias)
+    logger.info(
+        "enqueued periodic job %s now, outside its ticks: job %s",
+        name,
+        job.id,
+        extra=logfields.job_fields(job),
+    )
+    return job
+
+
+def _enqueue_for(schedule: Schedule, run_at: datetime | None, alias: str) -> Job:
+    """The enqueue of ``schedule``'s job, due at ``run_at`` (``None``: now)."""
+    return enqueue(
+        schedule.job_type,
+        schedule.data,
+        queue=schedule.queue,
+        priority=schedule.priority,
+        max_attempts=schedule.max_attempts,
+        run_at=run_at,
+        unique_key=schedule.unique_key,
+        on_duplicate="raise",
+        using=alias,
+    )
 
 
 def _report_failure(schedule: Schedule, tick: datetime, exc: PgQueueError) -> None:

@@ -29,6 +29,7 @@ from .filters import JobTypeFilter, QueueFilter, SearchError, search_filter
 from .formatting import TEMPLATES
 from .live import LiveView
 from .overview import QueueOverview
+from .periodic import PeriodicPage
 from .workflows import WORKFLOW_FIELDSET, WorkflowCells, WorkflowFilter
 
 #: The fieldset of the job page, added for jobs with durable steps.
@@ -102,7 +103,7 @@ class JobChangeList(ChangeList):
         return deferred.annotate(is_due=ExpressionWrapper(due_q(), output_field=BooleanField()))
 
 
-class JobAdmin(WorkflowCells, ErrorGroups, LiveView, QueueOverview):
+class JobAdmin(WorkflowCells, ErrorGroups, PeriodicPage, LiveView, QueueOverview):
     """Jobs, read-only, with live progress, retry/cancel/run-now actions and an overview."""
 
     class Media:
@@ -246,6 +247,12 @@ class JobAdmin(WorkflowCells, ErrorGroups, LiveView, QueueOverview):
             ),
             path("live/", wrap(self.live_view), name="django_pgqueue_job_live"),
             path("errors/", wrap(self.errors_view), name="django_pgqueue_job_errors"),
+            path("periodic/", wrap(self.periodic_view), name="django_pgqueue_job_periodic"),
+            path(
+                "periodic/<path:name>/run/",
+                wrap(self.periodic_run_view),
+                name="django_pgqueue_job_periodic_run",
+            ),
             path(
                 "workers/<path:worker_id>/",
                 wrap(self.worker_view),
