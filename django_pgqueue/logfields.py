@@ -24,7 +24,11 @@ def job_fields(job: Job) -> dict[str, Any]:
 
 
 def fields(
-    job_id: uuid.UUID, job_type: str, queue: str | None, attempt: int, worker_id: str | None
+    job_id: uuid.UUID,
+    job_type: str | None,
+    queue: str | None,
+    attempt: int | None,
+    worker_id: str | None,
 ) -> dict[str, Any]:
     """``extra`` for a record about a job known by these values (``None``: unknown)."""
     return dict(zip(JOB_FIELDS, (str(job_id), job_type, queue, attempt, worker_id), strict=True))

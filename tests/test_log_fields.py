@@ -9,12 +9,15 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from django_pgqueue import enqueue, enqueue_many
 from django_pgqueue.logfields import JOB_FIELDS
 from django_pgqueue.recovery import recover_stale_jobs
 from django_pgqueue.worker import Worker
+from django_pgqueue.worker.execution import Outcome
+from django_pgqueue.worker.runner import _finish_statement
 from tests.testapp import process_jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -191,3 +194,37 @@ def test_a_unique_key_held_by_a_job_is_logged_about_that_job(caplog):
 
     (record,) = records_about(caplog, holder)
     assert record.getMessage() == f"unique_key 'report:1' is held by job {holder.id}: not enqueued"
+
+
+def test_an_undecodable_jobs_record_names_it_with_the_columns_it_could_read(caplog):
+    (bad,) = enqueue_many([{"job_type": "tests.noop", "queue": "mail", "max_attempts": 1}])
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE pgqueue_jobs SET run_at = '-infinity' WHERE id = %s", [bad.id])
+
+    with caplog.at_level(logging.ERROR, logger="django_pgqueue.worker"):
+        Worker(burst=True, concurrency=1, worker_id="undecoding-worker").run()
+
+    (record,) = records_about(caplog, bad)
+    assert (record.job_type, record.queue, record.attempt, record.worker_id) == (
+        "tests.noop",
+        "mail",
+        1,
+        "undecoding-worker",
+    )
+
+
+def test_an_outcome_refused_because_the_job_was_recovered_names_the_job(caplog, make_job):
+    stale = make_job(status="running", worker_id="w-lost", attempts=1)
+    runner = Worker(burst=True, worker_id="w-lost")
+    outcome = Outcome(stale.id, "completed")
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE pgqueue_jobs SET worker_id = 'w-new' WHERE id = %s", [stale.id])
+        cursor.execute(*_finish_statement([outcome], "w-lost"))
+        runner._outcomes = [outcome]
+
+        with caplog.at_level(logging.WARNING, logger="django_pgqueue.worker"):
+            runner._record_finished([outcome], cursor.cursor)
+
+    (record,) = records_about(caplog, stale)
+    assert (record.worker_id, record.job_type) == ("w-lost", None)
+    assert "was no longer held by w-lost" in record.getMessage()

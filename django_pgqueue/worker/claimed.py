@@ -23,6 +23,7 @@ import psycopg
 from psycopg import pq, sql
 
 from ..exceptions import UndecodableJobError
+from ..logfields import fields
 from ..models import Job
 from .execution import FAILED, Outcome
 
@@ -30,6 +31,9 @@ logger = logging.getLogger("django_pgqueue.worker")
 
 #: How much of an unreadable value the error quotes.
 SHOWN_VALUE_LENGTH = 200
+#: The columns of a row that its log record names (``logfields.fields``, after the id);
+#: simple types, which decode whatever else in the row does not.
+_FIELD_COLUMNS = ("job_type", "queue", "attempts", "worker_id")
 
 
 def claimed_jobs(cursor: psycopg.Cursor[Any], using: str) -> tuple[list[Job], list[Outcome]]:
@@ -92,7 +96,10 @@ def _undecodable(
         f"{what}: it was written outside enqueue's validation (by SQL, say). Correct the "
         "value (or delete the job), then retry the job"
     )
-    logger.error("job %s cannot be decoded and fails: %s", job_id, error)
+    known = [_load(cursor, row, columns.index(name)) for name in _FIELD_COLUMNS]
+    logger.error(
+        "job %s cannot be decoded and fails: %s", job_id, error, extra=fields(job_id, *known)
+    )
     return Outcome(
         job_id,
         FAILED,

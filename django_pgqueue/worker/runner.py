@@ -28,7 +28,7 @@ import psycopg
 from .. import conf, registry, validation
 from ..exceptions import InvalidArgumentError, InvalidWorkerOptionError
 from ..inserts import NOTIFY_COALESCE_SECONDS
-from ..logfields import job_fields
+from ..logfields import fields, job_fields
 from ..models import Job
 from ..sideconn import open_raw_connection
 from . import queries
@@ -749,6 +749,8 @@ class Worker:
                     outcome.job_id,
                     self.worker_id,
                     outcome.status,
+                    # The job is no longer this worker's: only its id is known here.
+                    extra=fields(outcome.job_id, None, None, None, self.worker_id),
                 )
 
     def _on_job_done(self, running: RunningJob, outcome: Outcome) -> None:
