@@ -4,7 +4,6 @@ the completing attempt is the job's own row. The admin shows them all."""
 
 from __future__ import annotations
 
-import time
 from datetime import timedelta
 
 import pytest
@@ -17,19 +16,12 @@ from django_pgqueue.exceptions import RetryJob
 from django_pgqueue.models import Job, JobAttempt, JobEvent, JobStatus
 from django_pgqueue.recovery import recover_stale_jobs
 from django_pgqueue.worker import Worker
+from tests.workers import run_until_finished
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-
-def run_until_finished(job_: Job, worker_id: str = "history-worker", rounds: int = 50) -> Job:
-    """Run burst workers until ``job_`` has finished (its retries are due within 0.1 s)."""
-    for _ in range(rounds):
-        Worker(burst=True, concurrency=1, worker_id=worker_id).run()
-        job_.refresh_from_db()
-        if job_.status in (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED):
-            return job_
-        time.sleep(0.02)
-    raise AssertionError(f"job still {job_.status} after {rounds} burst runs")
+#: The id of the burst workers that run the tests' jobs.
+WORKER = "history-worker"
 
 
 def history(job_: Job) -> list[tuple[int, str, str]]:
@@ -56,7 +48,7 @@ def flaky(clean_registry):
 def test_each_failed_attempt_is_recorded_with_its_worker_times_and_traceback():
     failing = enqueue("tests.fail")
 
-    run_until_finished(failing)
+    run_until_finished(failing, worker_id=WORKER)
 
     assert history(failing) == [
         (1, "retried", "RuntimeError: boom on attempt 1"),
@@ -64,7 +56,7 @@ def test_each_failed_attempt_is_recorded_with_its_worker_times_and_traceback():
         (3, "failed", "RuntimeError: boom on attempt 3"),
     ]
     for attempt in JobAttempt.objects.filter(job=failing):
-        assert attempt.worker_id == "history-worker"
+        assert attempt.worker_id == WORKER
         assert attempt.started_at is not None and attempt.started_at <= attempt.ended_at
         assert attempt.duration is not None and attempt.duration >= 0
         assert f"boom on attempt {attempt.attempt}" in attempt.traceback
@@ -72,11 +64,11 @@ def test_each_failed_attempt_is_recorded_with_its_worker_times_and_traceback():
 
 
 def test_a_completing_attempt_is_the_jobs_own_and_is_not_recorded(flaky):
-    flaky_job = run_until_finished(enqueue("tests.flaky"))
+    flaky_job = run_until_finished(enqueue("tests.flaky"), worker_id=WORKER)
 
     assert flaky_job.status == JobStatus.COMPLETED
     assert history(flaky_job) == [(1, "retried", "RetryJob: the gateway is busy")]
-    assert flaky_job.attempts == 2 and flaky_job.worker_id == "history-worker"
+    assert flaky_job.attempts == 2 and flaky_job.worker_id == WORKER
 
 
 def test_progress_events_name_their_attempt_and_a_retry_starts_without_a_stage(flaky):
@@ -85,7 +77,7 @@ def test_progress_events_name_their_attempt_and_a_retry_starts_without_a_stage(f
     flaky_job.refresh_from_db()
     between = (flaky_job.status, flaky_job.progress, flaky_job.current_stage)
 
-    run_until_finished(flaky_job)
+    run_until_finished(flaky_job, worker_id=WORKER)
 
     assert between[0] == JobStatus.PENDING
     assert between[1:] == (0, "")
@@ -99,7 +91,7 @@ def test_progress_events_name_their_attempt_and_a_retry_starts_without_a_stage(f
 def test_a_snooze_is_recorded_as_one(clean_registry):
     snoozing = enqueue("tests.snooze", {"times": 1, "delay": 0})
 
-    run_until_finished(snoozing)
+    run_until_finished(snoozing, worker_id=WORKER)
 
     assert [(number, outcome) for number, outcome, _ in history(snoozing)] == [(1, "snoozed")]
 
@@ -125,19 +117,19 @@ def test_recovery_records_the_attempt_a_lost_worker_was_running(make_job):
 
 
 def test_a_retry_from_the_admin_keeps_the_earlier_attempts(admin_client):
-    failing = run_until_finished(enqueue("tests.fail", max_attempts=1))
+    failing = run_until_finished(enqueue("tests.fail", max_attempts=1), worker_id=WORKER)
     admin_client.post(reverse("admin:django_pgqueue_job_action", args=[failing.pk, "retry"]))
 
     run_until_finished(failing, worker_id="second-worker")
 
     assert [(a.attempt, a.worker_id) for a in JobAttempt.objects.filter(job=failing)] == [
-        (1, "history-worker"),
+        (1, WORKER),
         (1, "second-worker"),
     ]
 
 
 def test_the_jobs_page_lists_every_attempt_with_its_error(flaky, admin_client):
-    flaky_job = run_until_finished(enqueue("tests.flaky"))
+    flaky_job = run_until_finished(enqueue("tests.flaky"), worker_id=WORKER)
 
     page = admin_client.get(reverse("admin:django_pgqueue_job_change", args=[flaky_job.pk]))
 
@@ -150,7 +142,7 @@ def test_the_jobs_page_lists_every_attempt_with_its_error(flaky, admin_client):
 
 
 def test_deleting_a_job_deletes_its_attempts():
-    failing = run_until_finished(enqueue("tests.fail", max_attempts=1))
+    failing = run_until_finished(enqueue("tests.fail", max_attempts=1), worker_id=WORKER)
 
     with connection.cursor() as cursor:
         cursor.execute("DELETE FROM pgqueue_jobs WHERE id = %s", [failing.pk])

@@ -14,9 +14,8 @@ from django_pgqueue.exceptions import InvalidArgumentError, RetryJob, StepError
 from django_pgqueue.models import Job, JobStatus, JobStep
 from django_pgqueue.recovery import recover_stale_jobs
 from django_pgqueue.testing import drain, run_job
-from django_pgqueue.worker import Worker
 from tests.testapp.models import Execution
-from tests.workers import WorkerProcess
+from tests.workers import WorkerProcess, run_until_finished
 
 #: What the steps' functions did, in order, for the tests to read.
 calls: list = []
@@ -36,15 +35,15 @@ def email(charge_id: str) -> None:
     calls.append(f"email {charge_id}")
 
 
-def run_until_finished(job_: Job, rounds: int = 50) -> Job:
-    """Run burst workers until ``job_`` has finished (its retries are due within 0.1 s)."""
-    for _ in range(rounds):
-        Worker(burst=True, concurrency=1).run()
-        job_.refresh_from_db()
-        if job_.status in (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED):
-            return job_
-        time.sleep(0.02)
-    raise AssertionError(f"job still {job_.status} after {rounds} burst runs")
+def record_attempt(job_: Job) -> None:
+    """A write of the attempt, in the jobs database (tests.testapp's Execution)."""
+    Execution.objects.create(
+        job_id=job_.id,
+        worker_id="w",
+        attempt=job_.attempts,
+        started_at=job_.started_at,
+        finished_at=job_.started_at,
+    )
 
 
 @pytest.fixture
@@ -84,13 +83,7 @@ def test_a_plain_step_survives_the_rollback_of_its_atomic_handler(clean_registry
     @job("tests.rolled_back", max_attempts=2)  # atomic: the handler's transaction
     def rolled_back(job_):
         job_.step("charge", charge, 1)
-        Execution.objects.create(
-            job_id=job_.id,
-            worker_id="w",
-            attempt=job_.attempts,
-            started_at=job_.started_at,
-            finished_at=job_.started_at,
-        )
+        record_attempt(job_)
         if job_.attempts == 1:
             raise RetryJob("try again", delay=0)
 
@@ -161,13 +154,7 @@ def test_an_atomic_steps_writes_and_checkpoint_roll_back_together(clean_registry
     @job("tests.atomic_fails", max_attempts=2, atomic=False)
     def atomic_fails(job_):
         def write_then_fail():
-            Execution.objects.create(
-                job_id=job_.id,
-                worker_id="w",
-                attempt=job_.attempts,
-                started_at=job_.started_at,
-                finished_at=job_.started_at,
-            )
+            record_attempt(job_)
             if job_.attempts == 1:
                 raise ValueError("after the write")
             return job_.attempts

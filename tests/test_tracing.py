@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from django_pgqueue.exceptions import SettingsError
 from django_pgqueue.models import Job, JobStatus
 from django_pgqueue.worker import Worker
 from tests.testapp import process_jobs
-from tests.workers import WorkerProcess
+from tests.workers import WorkerProcess, run_until_finished
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -54,17 +53,6 @@ def traceparent(span: ReadableSpan) -> str:
     """The W3C ``traceparent`` of ``span``."""
     ids = span.get_span_context()
     return f"00-{ids.trace_id:032x}-{ids.span_id:016x}-{ids.trace_flags:02x}"
-
-
-def run_until_finished(job_: Job, rounds: int = 50) -> Job:
-    """Run burst workers until ``job_`` has finished (its retries are due within 0.1 s)."""
-    for _ in range(rounds):
-        Worker(burst=True).run()
-        job_.refresh_from_db()
-        if job_.status in (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED):
-            return job_
-        time.sleep(0.02)
-    raise AssertionError(f"job still {job_.status} after {rounds} burst runs")
 
 
 def test_enqueue_is_a_producer_span_in_the_callers_trace(spans):

@@ -61,6 +61,19 @@ def worker_thread(**options) -> Iterator[Worker]:
         raise errors[0]
 
 
+def run_until_finished(job, *, worker_id: str | None = None, rounds: int = 50):
+    """Run burst workers in this thread until ``job`` has finished, and return it
+    refreshed. For jobs whose retries are due within a second: a pause of 20 ms between
+    runs, at most ``rounds`` runs. ``worker_id``: the workers' id (default: their own)."""
+    for _ in range(rounds):
+        Worker(burst=True, concurrency=1, worker_id=worker_id).run()
+        job.refresh_from_db()
+        if job.is_finished:
+            return job
+        time.sleep(0.02)
+    raise AssertionError(f"job still {job.status} after {rounds} burst runs")
+
+
 def database_url_for_tests() -> str:
     """``DATABASE_URL`` rewritten to name the test database Django created."""
     parts = urlsplit(os.environ["DATABASE_URL"])
