@@ -50,10 +50,14 @@ def error_class() -> Coalesce:
     return Coalesce(first, Value(""), output_field=CharField())
 
 
+def of_error_class(jobs: QuerySet[Job], error: Any) -> QuerySet[Job]:
+    """The jobs of ``jobs`` whose error class is ``error`` (a string, or an ``OuterRef``)."""
+    return jobs.annotate(error_class=error_class()).filter(error_class=error)
+
+
 def failed_group(jobs: QuerySet[Job], job_type: str, error: str) -> QuerySet[Job]:
     """The failed jobs of ``jobs`` of ``job_type`` whose error class is ``error``."""
-    failed = jobs.filter(status=JobStatus.FAILED, job_type=job_type)
-    return failed.annotate(error_class=error_class()).filter(error_class=error)
+    return of_error_class(jobs.filter(status=JobStatus.FAILED, job_type=job_type), error)
 
 
 class ErrorFilter(admin.SimpleListFilter):
@@ -71,7 +75,7 @@ class ErrorFilter(admin.SimpleListFilter):
         value = self.value()
         if value is None:
             return queryset
-        return queryset.annotate(error_class=error_class()).filter(error_class=value)
+        return of_error_class(queryset, value)
 
 
 class ErrorGroups(JobActions):
@@ -86,9 +90,7 @@ class ErrorGroups(JobActions):
         failed = self.get_queryset(request).filter(status=JobStatus.FAILED)
         # The newest error of each group, read by the same statement.
         newest = (
-            failed.filter(job_type=OuterRef("job_type"))
-            .annotate(error_class=error_class())
-            .filter(error_class=OuterRef("error_class"))
+            of_error_class(failed.filter(job_type=OuterRef("job_type")), OuterRef("error_class"))
             .order_by("-completed_at")
             .values("last_error")[:1]
         )
