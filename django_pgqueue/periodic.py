@@ -64,6 +64,13 @@ def schedules() -> list[Schedule]:
     return [found[name] for name in sorted(found)]
 
 
+def declared_in_code(schedule: Schedule) -> bool:
+    """Whether ``schedules()`` took ``schedule`` from an ``@job(schedule=...)``, not from
+    ``PGQUEUE["SCHEDULE"]`` (whose names may not be those of the former)."""
+    definition = registry.find_definition(schedule.name)
+    return definition is not None and definition.schedule is not None
+
+
 def next_tick(now: datetime | None = None) -> datetime | None:
     """The earliest tick after ``now`` over all schedules (``None``: no schedule)."""
     now = now or django_timezone.now()

@@ -12,7 +12,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from .. import periodic, registry
+from .. import periodic
 from ..cron import Schedule
 from ..exceptions import DuplicateJobError, SettingsError
 from ..models import Job, PeriodicTick
@@ -64,12 +64,7 @@ class PeriodicPage(JobAdminBase):
         site: str,
         may_run: bool,
     ) -> dict[str, Any]:
-        definition = registry.find_definition(schedule.job_type)
-        from_code = (
-            definition is not None
-            and definition.schedule is not None
-            and (schedule.name == schedule.job_type)
-        )
+        from_code = periodic.declared_in_code(schedule)
         last_job = tick.last_job_id if tick else None
         return {
             "name": schedule.name,
