@@ -61,6 +61,9 @@ class PgQueueSettings:
     RETENTION: float | None = None
     #: Failed jobs older than this are deleted by workers (None: kept until handled).
     FAILED_RETENTION: float | None = None
+    #: Emitted events (``emit_event()``) older than this are deleted by workers (None:
+    #: kept); a job that starts waiting for one within it still receives it.
+    EVENT_RETENTION: float | None = 7 * 86400.0
     #: At most this many jobs of a queue claimed or running at once, across all workers.
     QUEUE_LIMITS: dict[str, int] = field(default_factory=dict)
     #: The same per job type; wins over ``@job(concurrency=...)`` (``None`` lifts it).
@@ -77,7 +80,7 @@ class PgQueueSettings:
 
 
 # Durations that may also be None, meaning "never".
-_OPTIONAL_DURATIONS = {"RETENTION", "FAILED_RETENTION"}
+_OPTIONAL_DURATIONS = {"RETENTION", "FAILED_RETENTION", "EVENT_RETENTION"}
 
 _DURATIONS = {
     "POLL_INTERVAL",

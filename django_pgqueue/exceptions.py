@@ -20,11 +20,14 @@ Exception
     ├── JobCancelled
     ├── JobTimeout
     ├── StepError
+    ├── EventTimeout (also a TimeoutError)
     ├── JobNotFoundError (also a LookupError)
     └── JobNotCompletedError
         ├── JobFailedError
         ├── CancelledJobError
         └── WaitTimeoutError (also a TimeoutError)
+BaseException
+└── JobSuspended (raised by job.sleep() and job.wait_for_event(); let it through)
 ```
 
 The ones used most are also exported by ``django_pgqueue``.
@@ -43,6 +46,7 @@ __all__ = [
     "AsyncHandlerError",
     "CancelledJobError",
     "DuplicateJobError",
+    "EventTimeout",
     "FailJob",
     "InvalidArgumentError",
     "InvalidJobError",
@@ -52,6 +56,7 @@ __all__ = [
     "JobNotCompletedError",
     "JobNotFoundError",
     "JobRegistrationError",
+    "JobSuspended",
     "JobTimeout",
     "MissingExtraError",
     "PgQueueError",
@@ -297,6 +302,54 @@ class StepError(PgQueueError):
     attempt, and for an atomic step whose job is no longer held by this attempt (it
     was recovered or finished meanwhile): the step's writes are rolled back.
     """
+
+
+class JobSuspended(BaseException):
+    """Raised by ``job.sleep()`` and ``job.wait_for_event()`` to suspend the job: the
+    worker sets it ``pending`` again, due when the sleep or the wait ends, without
+    spending an attempt, and its slot goes to other jobs.
+
+    It derives from ``BaseException``, as ``asyncio.CancelledError`` does, so that an
+    ``except Exception:`` in the handler does not swallow it; let it propagate. Once
+    the job resumes, its earlier steps return their checkpoints. See
+    [Durable steps](../how-to/steps.md#sleep-for-days).
+
+    Attributes:
+        name: The sleep's or the wait's name.
+        kind: ``"sleep"`` or ``"event"``.
+        delay_seconds: Seconds until it ends on its own (the sleep's end, the wait's
+            timeout).
+    """
+
+    def __init__(self, kind: str, name: str, delay_seconds: float) -> None:
+        self.kind = kind
+        self.name = name
+        self.delay_seconds = delay_seconds
+        what = "sleeping at" if kind == "sleep" else "waiting for event"
+        super().__init__(kind, name, delay_seconds)
+        self.message = f"{what} {name!r} for {delay_seconds:g}s"
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class EventTimeout(PgQueueError, TimeoutError):
+    """Raised by ``job.wait_for_event()`` in the handler when the event was not emitted
+    before the wait's timeout (or staff ended the wait from the admin).
+
+    The wait stays timed out on later attempts, unless the event has been emitted by
+    then: a retry then receives it.
+
+    Attributes:
+        event: The event's name.
+    """
+
+    def __init__(self, event: str, message: str) -> None:
+        self.event = event
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.event, str(self)))
 
 
 class JobNotFoundError(PgQueueError, LookupError):

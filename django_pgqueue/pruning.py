@@ -223,4 +223,26 @@ def prune_by_settings(*, max_seconds: float, using: str | None = None) -> int:
             max_seconds=max_seconds,
             using=using,
         )
+    if settings.EVENT_RETENTION is not None:
+        prune_events(settings.EVENT_RETENTION, using=using)
+    return deleted
+
+
+_PRUNE_EVENTS = """
+DELETE FROM pgqueue_emitted_events
+ WHERE name IN (SELECT name FROM pgqueue_emitted_events
+                 WHERE emitted_at < now() - %s * interval '1 second'
+                 LIMIT %s)
+"""
+
+
+def prune_events(older_than: float, *, using: str | None = None, batch_size: int = 1000) -> int:
+    """Delete emitted events (``emit_event()``) last emitted more than ``older_than``
+    seconds ago, at most ``batch_size`` of them; return how many. Jobs still waiting for
+    such an event go on waiting (for another emit, or their timeout)."""
+    with connections[conf.jobs_database(using)].cursor() as cursor:
+        cursor.execute(_PRUNE_EVENTS, [older_than, batch_size])
+        deleted: int = cursor.rowcount
+    if deleted:
+        logger.info("pruned %d emitted event(s) older than %gs", deleted, older_than)
     return deleted

@@ -21,6 +21,8 @@ QUEUE_MAX_LENGTH = 100
 STAGE_MAX_LENGTH = 200
 #: The longest name of a durable step (``job.step(name, ...)``).
 STEP_NAME_MAX_LENGTH = 200
+#: The longest name of an event (``emit_event()``, ``job.wait_for_event()``).
+EVENT_NAME_MAX_LENGTH = 200
 UNIQUE_KEY_MAX_LENGTH = 255
 CONCURRENCY_KEY_MAX_LENGTH = 255
 MAX_ATTEMPTS_LIMIT = 1000

@@ -32,6 +32,20 @@ def execute_autocommit(alias: str, sql: str, params: tuple[Any, ...]) -> int:
     The connection is opened on first use and reopened once if it was broken. Errors are
     raised as Django's ``DatabaseError`` subclasses, like any other query's.
     """
+    rowcount, _ = _run(alias, sql, params, fetch=False)
+    return rowcount
+
+
+def fetch_autocommit(alias: str, sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """Run one statement on this thread's side connection to ``alias``, as
+    ``execute_autocommit()`` does; return its first row (None: no row)."""
+    _, row = _run(alias, sql, params, fetch=True)
+    return row
+
+
+def _run(
+    alias: str, sql: str, params: tuple[Any, ...], *, fetch: bool
+) -> tuple[int, tuple[Any, ...] | None]:
     pool: dict[str, Any] = _local.__dict__.setdefault("connections", {})
     for attempt in (1, 2):
         conn = pool.get(alias)
@@ -43,7 +57,7 @@ def execute_autocommit(alias: str, sql: str, params: tuple[Any, ...]) -> int:
                 conn.execute("SET lock_timeout = '10s'")
             with conn.cursor() as cursor:
                 cursor.execute(sql, params)
-                return cursor.rowcount
+                return cursor.rowcount, cursor.fetchone() if fetch else None
         except psycopg.OperationalError as exc:
             broken = conn is None or conn.broken or conn.closed
             if broken:

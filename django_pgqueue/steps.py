@@ -18,6 +18,13 @@ Where the checkpoint is written decides what "once" means:
 A checkpoint is written only while this attempt holds the job (its worker and attempt
 number, as ``set_progress()`` checks): a job recovered and handed to another worker
 meanwhile gets no checkpoint from the one that lost it.
+
+Sleeps (``job.sleep()``) and waits for events (``job.wait_for_event()``) are
+checkpoints too, which record when they end. Until then they raise ``JobSuspended``,
+and the worker sets the job pending again, due at that moment, without spending an
+attempt; the job's next run reaches the same sleep or wait and goes on past it. A wait
+begins in ``pgqueue_await_event()`` (sql/events_v1.sql), ordered with the emitters of
+its event so that neither misses the other.
 """
 
 from __future__ import annotations
@@ -25,14 +32,15 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from django.db import connections, transaction
 
 from . import conf, validation
-from .exceptions import StepError
-from .schema import IN_FLIGHT, status_in
-from .sideconn import execute_autocommit
+from .exceptions import EventTimeout, JobSuspended, StepError
+from .schema import IN_FLIGHT, MAX_DELAY_SECONDS, status_in
+from .sideconn import execute_autocommit, fetch_autocommit
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -41,18 +49,41 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-_CHECKPOINTS = "SELECT name, result::text FROM pgqueue_job_steps WHERE job_id = %s"
+_CHECKPOINTS = """
+SELECT name, result::text, kind, extract(epoch FROM wake_at)
+  FROM pgqueue_job_steps
+ WHERE job_id = %s
+"""
 
 # Only while the same attempt holds the job: a worker that lost it writes nothing.
 _CHECKPOINT = f"""
-INSERT INTO pgqueue_job_steps (job_id, name, attempt, result, started_at, completed_at)
-SELECT id, %s, attempts, %s::jsonb, to_timestamp(%s), now()
+INSERT INTO pgqueue_job_steps
+       (job_id, name, kind, attempt, result, wake_at, started_at, completed_at)
+SELECT id, %s, %s, attempts, %s::jsonb, to_timestamp(%s), to_timestamp(%s), now()
   FROM pgqueue_jobs
  WHERE id = %s
    AND {status_in(IN_FLIGHT)}
    AND worker_id IS NOT DISTINCT FROM %s
    AND attempts = %s
 """
+
+_AWAIT = "SELECT * FROM pgqueue_await_event(%s, %s, %s, %s, to_timestamp(%s), to_timestamp(%s))"
+
+_EMITTED = "SELECT payload::text FROM pgqueue_emitted_events WHERE name = %s"
+
+#: A sleep or a wait this close to its end when the job runs again is over: the
+#: worker's clock and the database's may differ a little.
+_CLOCK_SLACK = 0.05
+
+
+class Checkpoint(NamedTuple):
+    """A stored checkpoint, as an attempt reads it."""
+
+    #: The result's JSON (a wait's payload); None for a sleep, or a wait still waiting.
+    result: str | None
+    kind: str
+    #: When a sleep ends or a wait times out, as a Unix time; None for none.
+    wake_at: float | None
 
 
 def run_step(
@@ -61,26 +92,16 @@ def run_step(
     """``job.step()``: the stored result of step ``name``, or ``func(*args, **kwargs)``'s
     once its checkpoint is written."""
     name = validation.step_name(name)
-    if job.status not in IN_FLIGHT:
-        raise StepError(
-            f"job {job.id} is {job.status}: steps run inside the handler of a running job"
-        )
-    seen = job.__dict__.setdefault("_steps_seen", set())
-    if name in seen:
-        raise StepError(
-            f"step {name!r} was already run in this attempt of job {job.id}: give each "
-            "step of a job its own name"
-        )
-    seen.add(name)
-    alias = conf.jobs_database(job._state.db)
-    stored = _checkpoints(job, alias)
-    if name in stored:
-        return json.loads(stored[name])
+    alias, stored = _begin(job, name, "step")
+    if stored is not None:
+        assert stored.result is not None
+        return json.loads(stored.result)
     started = time.time()
     if atomic:
         with transaction.atomic(using=alias):
             text = _result_json(func(*args, **kwargs))
-            if job._store_steps and not _write(connections[alias], job, name, text, started):
+            params = _params(job, name, "step", text, None, started)
+            if job._store_steps and not _write(connections[alias], params):
                 raise StepError(
                     f"job {job.id} is no longer held by this attempt (it was recovered or "
                     f"finished meanwhile): step {name!r} and its writes were rolled back"
@@ -88,20 +109,108 @@ def run_step(
     else:
         text = _result_json(func(*args, **kwargs))
         if job._store_steps:
-            _write_now(alias, job, name, text, started)
-    stored[name] = text
+            _write_now(alias, job, _params(job, name, "step", text, None, started))
+    _checkpoints(job, alias)[name] = Checkpoint(text, "step", None)
     return json.loads(text)
 
 
-def _checkpoints(job: Job, alias: str) -> dict[str, str]:
-    """The job's stored results by step name, read once per attempt."""
-    cached: dict[str, str] | None = job.__dict__.get("_steps_stored")
+def sleep(job: Job, name: str, duration: float | timedelta) -> None:
+    """``job.sleep()``: return once the sleep ``name`` of ``job`` has ended; until then
+    raise ``JobSuspended`` to suspend the job until it ends."""
+    name = validation.step_name(name)
+    seconds = validation.delay(duration, "duration")
+    alias, stored = _begin(job, name, "sleep")
+    now = time.time()
+    if stored is None:
+        stored = Checkpoint(None, "sleep", now + seconds)
+        if job._store_steps:
+            _write_now(alias, job, _params(job, name, "sleep", None, stored.wake_at, now))
+        _checkpoints(job, alias)[name] = stored
+    assert stored.wake_at is not None
+    left = stored.wake_at - now
+    if left > _CLOCK_SLACK:
+        raise JobSuspended("sleep", name, left)
+
+
+def wait_for_event(job: Job, name: str, timeout: float | timedelta | None) -> Any:
+    """``job.wait_for_event()``: the payload of the event ``name`` once it was emitted;
+    until then ``JobSuspended``, and ``EventTimeout`` once ``timeout`` has passed."""
+    name = validation.event_name(name)
+    seconds = None if timeout is None else validation.delay(timeout, "timeout")
+    alias, stored = _begin(job, name, "event")
+    if stored is not None and stored.result is not None:
+        return json.loads(stored.result)
+    now = time.time()
+    # A wait already recorded keeps its timeout; a new one ends ``seconds`` from now.
+    new_end = None if seconds is None else now + seconds
+    wake_at = stored.wake_at if stored is not None else new_end
+    if job._store_steps:
+        params = (job.id, job.worker_id, job.attempts, name, wake_at, now)
+        row = _fetch_now(alias, job, _AWAIT, params)
+        if row is None:
+            raise StepError(
+                f"job {job.id} is no longer held by this attempt (it was recovered or "
+                f"finished meanwhile): it cannot wait for event {name!r}"
+            )
+        result, wake_at = row[0], (row[1].timestamp() if row[1] is not None else None)
+    else:  # the test kit's run_job(): nothing is written
+        with connections[alias].cursor() as cursor:
+            cursor.execute(_EMITTED, [name])
+            found = cursor.fetchone()
+        result = None if found is None else found[0]
+    _checkpoints(job, alias)[name] = Checkpoint(result, "event", wake_at)
+    if result is not None:
+        return json.loads(result)
+    if wake_at is None:
+        raise JobSuspended("event", name, MAX_DELAY_SECONDS)
+    left = wake_at - now
+    if left > _CLOCK_SLACK:
+        raise JobSuspended("event", name, left)
+    raise EventTimeout(
+        name, f"job {job.id} waited for event {name!r} until its timeout, and it was not emitted"
+    )
+
+
+def _begin(job: Job, name: str, kind: str) -> tuple[str, Checkpoint | None]:
+    """Check that ``job`` may run the step, sleep or wait ``name`` now; return the jobs
+    database and the stored checkpoint of ``name`` (None: none yet)."""
+    if job.status not in IN_FLIGHT:
+        raise StepError(
+            f"job {job.id} is {job.status}: steps, sleeps and waits run inside the "
+            "handler of a running job"
+        )
+    seen = job.__dict__.setdefault("_steps_seen", set())
+    if name in seen:
+        raise StepError(
+            f"{name!r} was already used in this attempt of job {job.id}: give each step, "
+            "sleep and wait of a job its own name"
+        )
+    seen.add(name)
+    alias = conf.jobs_database(job._state.db)
+    stored = _checkpoints(job, alias).get(name)
+    if stored is not None and stored.kind != kind:
+        raise StepError(
+            f"{name!r} is a {_KIND_NAMES[stored.kind]} of job {job.id}, stored by an earlier "
+            f"attempt, not a {_KIND_NAMES[kind]}: give each step, sleep and wait its own name"
+        )
+    return alias, stored
+
+
+_KIND_NAMES = {"step": "step", "sleep": "sleep", "event": "wait for an event"}
+
+
+def _checkpoints(job: Job, alias: str) -> dict[str, Checkpoint]:
+    """The job's checkpoints by name, read once per attempt."""
+    cached: dict[str, Checkpoint] | None = job.__dict__.get("_steps_stored")
     if cached is None:
         cached = {}
         if job._store_steps:
             with connections[alias].cursor() as cursor:
                 cursor.execute(_CHECKPOINTS, [job.id])
-                cached = dict(cursor.fetchall())
+                cached = {
+                    name: Checkpoint(result, kind, None if wake is None else float(wake))
+                    for name, result, kind, wake in cursor.fetchall()
+                }
         job.__dict__["_steps_stored"] = cached
     return cached
 
@@ -110,35 +219,62 @@ def _result_json(value: Any) -> str:
     return validation.json_value(value, "result", max_bytes=conf.get_settings().MAX_PAYLOAD_BYTES)
 
 
-def _params(job: Job, name: str, text: str, started: float) -> list[Any]:
-    return [name, text, started, job.id, job.worker_id, job.attempts]
+def _params(
+    job: Job, name: str, kind: str, text: str | None, wake_at: float | None, started: float
+) -> tuple[Any, ...]:
+    return (name, kind, text, wake_at, started, job.id, job.worker_id, job.attempts)
 
 
-def _write(connection: BaseDatabaseWrapper, job: Job, name: str, text: str, started: float) -> bool:
+def _write(connection: BaseDatabaseWrapper, params: tuple[Any, ...]) -> bool:
     with connection.cursor() as cursor:
-        cursor.execute(_CHECKPOINT, _params(job, name, text, started))
+        cursor.execute(_CHECKPOINT, list(params))
         return bool(cursor.rowcount == 1)
 
 
-def _write_now(alias: str, job: Job, name: str, text: str, started: float) -> None:
-    """Commit the checkpoint of a plain step now, whatever transaction the caller is in."""
+def _write_now(alias: str, job: Job, params: tuple[Any, ...]) -> None:
+    """Commit a checkpoint now, whatever transaction the caller is in."""
     connection = connections[alias]
     if not connection.in_atomic_block:
-        _write(connection, job, name, text, started)
+        _write(connection, params)
         return
-    params = tuple(_params(job, name, text, started))
     if execute_autocommit(alias, _CHECKPOINT, params):
         return
     # Not held as the side connection sees the database: either lost (nothing to
     # write), or a job that exists only in the caller's transaction, a test's: the
     # test kit writes it once the handler's savepoint is over (write_deferred()).
-    job.__dict__.setdefault("_steps_deferred", []).append(params)
+    job.__dict__.setdefault("_steps_deferred", []).append((_CHECKPOINT, params))
+
+
+def _fetch_now(alias: str, job: Job, sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """Run ``sql`` (a function that writes a checkpoint and returns a row) and commit it
+    now, whatever transaction the caller is in; its row, None for none."""
+    connection = connections[alias]
+    if not connection.in_atomic_block:
+        return _fetch(connection, sql, params)
+    row = fetch_autocommit(alias, sql, params)
+    if row is not None:
+        return row
+    # As in _write_now(): for a job of the test's transaction, run it there now (the
+    # handler's savepoint may roll it back) and again once the savepoint is over.
+    row = _fetch(connection, sql, params)
+    if row is not None:
+        job.__dict__.setdefault("_steps_deferred", []).append((sql, params))
+    return row
+
+
+def _fetch(
+    connection: BaseDatabaseWrapper, sql: str, params: tuple[Any, ...]
+) -> tuple[Any, ...] | None:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, list(params))
+        row: tuple[Any, ...] | None = cursor.fetchone()
+        return row
 
 
 def write_deferred(job: Job, alias: str) -> None:
-    """Write the checkpoints of plain steps that the side connection could not, on the
-    caller's connection: for the test kit, whose jobs live in the test's transaction,
-    after the handler's own savepoint has ended (kept, or rolled back)."""
+    """Write the checkpoints that the side connection could not, on the caller's
+    connection: for the test kit, whose jobs live in the test's transaction, after the
+    handler's own savepoint has ended (kept, or rolled back)."""
     with connections[alias].cursor() as cursor:
-        for params in job.__dict__.pop("_steps_deferred", ()):
-            cursor.execute(_CHECKPOINT, list(params))
+        for sql, params in job.__dict__.pop("_steps_deferred", ()):
+            cursor.execute(sql, list(params))

@@ -169,6 +169,8 @@ class JobRun:
         retry_in: Seconds until the retry or the end of the snooze, when ``"pending"``;
             else ``None``.
         snoozed: Whether the handler snoozed the job.
+        suspended: Whether the handler slept or began waiting for an event
+            (``job.sleep()``, ``job.wait_for_event()``); ``retry_in`` is then how long.
         job: The job as the handler saw it: its ``attempts`` counts this run.
     """
 
@@ -179,6 +181,7 @@ class JobRun:
     retry_in: float | None
     snoozed: bool
     job: Job
+    suspended: bool = False
 
 
 def run_job(
@@ -254,7 +257,9 @@ def drain(
     Args:
         queues: Only these queues (a name or a list); ``None``: all.
         job_types: Only these job types (a name or a list); ``None``: all.
-        include_delayed: Also run pending jobs whose time has not come.
+        include_delayed: Also run pending jobs whose time has not come, with their
+            sleeps (``job.sleep()``) over; a job waiting for an event goes on waiting
+            until the test emits it (``emit_event()``) or ends the wait (``end_wait()``).
         using: The jobs database alias (default: the one ``JobsRouter`` picks).
         max_runs: Stop with an ``AssertionError`` after so many runs while jobs are
             still due (a job that enqueues another of its kind forever).
@@ -368,15 +373,25 @@ def immediate(*, raise_errors: bool = True, using: str | None = None) -> Iterato
 
 
 def _attempt_failed(run: JobRun) -> bool:
-    return run.status == JobStatus.FAILED or (run.status == PENDING and not run.snoozed)
+    return run.status == JobStatus.FAILED or (
+        run.status == PENDING and not (run.snoozed or run.suspended)
+    )
 
 
-#: Makes a drain's delayed pending jobs due (``include_delayed``).
+#: Makes a drain's delayed pending jobs due, their sleeps over (``include_delayed``);
+#: not those waiting for an event, which go on waiting for it.
 _DELAYED_DUE = f"""
+WITH delayed AS (
 UPDATE pgqueue_jobs SET run_at = now()
  WHERE status = {literal(JobStatus.PENDING)} AND run_at > now()
    AND (%s::text[] IS NULL OR queue = ANY (%s::text[]))
    AND (%s::text[] IS NULL OR job_type = ANY (%s::text[]))
+   AND NOT EXISTS (SELECT 1 FROM pgqueue_job_steps AS s
+                    WHERE s.job_id = pgqueue_jobs.id AND s.kind = 'event' AND s.result IS NULL)
+RETURNING id
+)
+UPDATE pgqueue_job_steps SET wake_at = now()
+ WHERE job_id IN (SELECT id FROM delayed) AND kind = 'sleep' AND wake_at > now()
 """
 
 
@@ -400,6 +415,7 @@ def _job_run(running: RunningJob, outcome: Outcome) -> JobRun:
         traceback=outcome.traceback or "",
         retry_in=outcome.delay if pending else None,
         snoozed=bool(outcome.snoozed),
+        suspended=bool(outcome.suspended),
         job=running.job,
     )
 

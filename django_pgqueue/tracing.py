@@ -36,7 +36,8 @@ JOB_ID = "pgqueue.job.id"
 JOB_TYPE = "pgqueue.job.type"
 JOB_QUEUE = "pgqueue.job.queue"
 JOB_ATTEMPT = "pgqueue.job.attempt"
-#: How a run ended: ``completed``, ``retried``, ``failed``, ``cancelled``, ``snoozed``
+#: How a run ended: ``completed``, ``retried``, ``failed``, ``cancelled``, ``snoozed``,
+#: ``suspended`` (a sleep or a wait for an event)
 #: or ``handed_back`` (given back unstarted).
 JOB_OUTCOME = "pgqueue.job.outcome"
 #: On an ``enqueue_many`` span: how many jobs the call returned.

@@ -98,6 +98,12 @@ def step_name(value: Any, field: str = "name") -> str:
     return _key(value, field, schema.STEP_NAME_MAX_LENGTH, "")
 
 
+def event_name(value: Any, field: str = "name") -> str:
+    """The name of an event (``emit_event()``, ``job.wait_for_event()``): text of 1 to
+    ``EVENT_NAME_MAX_LENGTH`` characters, no NUL."""
+    return _key(value, field, schema.EVENT_NAME_MAX_LENGTH, "")
+
+
 def concurrency_key(value: Any, field: str = "concurrency_key") -> str:
     """A key of a per-key concurrency limit: text of 1 to ``CONCURRENCY_KEY_MAX_LENGTH``
     characters, no NUL."""

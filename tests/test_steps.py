@@ -191,7 +191,9 @@ def test_run_job_runs_every_step_and_stores_nothing(checkout):
 def test_a_step_outside_a_running_job_is_refused(clean_registry):
     pending = enqueue("tests.noop")
 
-    with pytest.raises(StepError, match=r"is pending: steps run inside the handler"):
+    with pytest.raises(
+        StepError, match=r"is pending: steps, sleeps and waits run inside the handler"
+    ):
         pending.step("charge", charge, 1)
     assert calls == []
 
@@ -251,7 +253,7 @@ def test_a_name_used_twice_in_one_attempt_is_an_error(clean_registry):
     run = run_job("tests.twice")
 
     assert run.status == "failed"
-    assert "step 'charge' was already run in this attempt" in run.error
+    assert "'charge' was already used in this attempt" in run.error
     assert calls == ["charge 1"]
 
 

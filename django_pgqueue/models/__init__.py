@@ -23,7 +23,7 @@ from .operations import (
 from .operations import (
     RateLimitScope as RateLimitScope,
 )
-from .steps import JobStep
+from .steps import EmittedEvent, JobStep, StepKind
 from .transitions import JobQuerySet
 from .transitions import notify_queues as notify_queues
 
@@ -31,6 +31,7 @@ __all__ = [
     "AttemptOutcome",
     "ConcurrencyLimit",
     "DependencyOutcome",
+    "EmittedEvent",
     "Job",
     "JobAttempt",
     "JobDependency",
@@ -42,5 +43,6 @@ __all__ = [
     "QueueState",
     "RateLimit",
     "RateLimitStart",
+    "StepKind",
     "WorkerRecord",
 ]

@@ -17,6 +17,8 @@ class AttemptOutcome(models.TextChoices):
     FAILED = "failed", _("Failed")
     CANCELLED = "cancelled", _("Cancelled")
     SNOOZED = "snoozed", _("Snoozed")
+    #: It slept (``job.sleep()``) or began waiting for an event: not a spent attempt.
+    SUSPENDED = "suspended", _("Suspended (sleep or wait)")
     #: Its worker stopped heartbeating; recovery gave the job back to the queue.
     LOST = "lost", _("Lost with its worker")
 

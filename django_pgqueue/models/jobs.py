@@ -25,7 +25,7 @@ from ..exceptions import InvalidJobError, JobCancelled
 from ..indexes import GinIndex
 from ..progress import write_progress
 from ..schema import ACTIVE, FINISHED, IN_FLIGHT, JobStatus
-from ..steps import run_step
+from ..steps import run_step, sleep, wait_for_event
 from .base import JobsDatabaseManager, JobsDatabaseModel
 from .dependencies import JobDependency
 from .transitions import JobQuerySet
@@ -442,6 +442,87 @@ class Job(JobsDatabaseModel):
                 or for an atomic step whose job is no longer held by this attempt.
         """
         return cast(T, run_step(self, name, func, args, kwargs, atomic))
+
+    def sleep(self, name: str, duration: float | timedelta) -> None:
+        """Sleep for ``duration`` inside the handler, as the durable step ``name``: the
+        job is suspended and gives up its slot, then runs again once the sleep is over,
+        without spending an attempt.
+
+        ```python
+        @job("shop.settle", atomic=False)
+        def settle(job):
+            charge = job.step("charge", payments.charge, job.data["order_id"])
+            job.sleep("settlement", timedelta(days=2))
+            job.step("capture", payments.capture, charge["id"])
+        ```
+
+        The first time, the sleep's end is stored as a checkpoint and ``JobSuspended``
+        is raised: the worker sets the job ``pending``, due at that end. The handler
+        then runs from the start again: its steps return their checkpoints, and this
+        call returns (the end stays as first stored, across retries and restarts).
+        Staff can end a sleep early from the admin. Let ``JobSuspended`` propagate.
+        See [Durable steps](../how-to/steps.md#sleep-for-days).
+
+        Args:
+            name: The sleep's name within the job, unique among its steps, sleeps and
+                waits: 1 to 200 characters, no NUL.
+            duration: Seconds or a ``timedelta``, from 0 to 1,000 years.
+
+        Raises:
+            JobSuspended: Until the sleep is over.
+            InvalidArgumentError: For an invalid name or duration.
+            StepError: Outside a running job, or for a name already used in this attempt
+                or stored as a step or a wait.
+        """
+        sleep(self, name, duration)
+
+    async def asleep(self, name: str, duration: float | timedelta) -> None:
+        """``sleep()`` for an ``async def`` handler: the same arguments and errors."""
+        await sync_to_async(sleep)(self, name, duration)
+
+    def wait_for_event(self, name: str, *, timeout: float | timedelta | None) -> Any:
+        """Wait until the event ``name`` is emitted (``emit_event()``) and return its
+        payload; the job is suspended meanwhile, holding no slot and no connection.
+
+        ```python
+        @job("shop.ship", atomic=False)
+        def ship(job):
+            order_id = job.data["order_id"]
+            parcel = job.wait_for_event(f"packed:{order_id}", timeout=timedelta(days=1))
+            job.step("label", carriers.print_label, parcel["weight"])
+        ```
+
+        If the event was emitted already (it is kept for ``PGQUEUE["EVENT_RETENTION"]``),
+        the payload comes back at once. Otherwise the wait is stored as a checkpoint and
+        ``JobSuspended`` is raised: the job is ``pending`` until the event or the
+        timeout, and the emit makes it due at once. When it runs again, this call
+        returns the payload, which the checkpoint keeps for every later attempt. Let
+        ``JobSuspended`` propagate. See [Durable steps](../how-to/steps.md#wait-for-an-event).
+
+        Args:
+            name: The event's name: 1 to 200 characters, no NUL. It is also the wait's
+                name among the job's steps, sleeps and waits.
+            timeout: Seconds or a ``timedelta`` (up to 1,000 years) after which
+                ``EventTimeout`` is raised in the handler; ``None`` to wait without end.
+
+        Returns:
+            The payload given to ``emit_event()``.
+
+        Raises:
+            JobSuspended: Until the event is emitted or the timeout passes.
+            EventTimeout: Once the timeout has passed without the event (on later
+                attempts too, unless it has been emitted by then).
+            InvalidArgumentError: For an invalid name or timeout.
+            StepError: Outside a running job, for a name already used in this attempt
+                or stored as a step or a sleep, or for a job no longer held by this
+                attempt.
+        """
+        return wait_for_event(self, name, timeout)
+
+    async def await_for_event(self, name: str, *, timeout: float | timedelta | None) -> Any:
+        """``wait_for_event()`` for an ``async def`` handler: the same arguments, result
+        and errors."""
+        return await sync_to_async(wait_for_event)(self, name, timeout)
 
     def is_cancel_requested(self) -> bool:
         """Tell whether someone asked to cancel this job while it runs.

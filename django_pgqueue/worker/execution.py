@@ -23,6 +23,7 @@ from ..exceptions import (
     AsyncHandlerError,
     FailJob,
     JobCancelled,
+    JobSuspended,
     JobTimeout,
     RetryJob,
     Snooze,
@@ -66,6 +67,8 @@ class Outcome:
     started: float | None = None
     #: 1 when the handler snoozed the job (``snoozes`` goes up by one), else 0.
     snoozed: int = 0
+    #: 1 when the handler slept or began waiting for an event (``JobSuspended``).
+    suspended: int = 0
     #: Handed back before its handler started: it keeps no start time, and the room its
     #: rate limits counted for it goes back too (``pgqueue_rate_hand_back()``).
     unstarted: bool = False
@@ -75,10 +78,12 @@ class Outcome:
 
     def name(self) -> str:
         """How the run ended, in a word: ``completed``, ``retried``, ``snoozed``,
-        ``handed_back``, ``failed`` or ``cancelled`` (logs, spans)."""
+        ``suspended``, ``handed_back``, ``failed`` or ``cancelled`` (logs, spans)."""
         if self.status == PENDING:
             if self.snoozed:
                 return "snoozed"
+            if self.suspended:
+                return "suspended"
             return "handed_back" if self.refund else "retried"
         return self.status
 
@@ -203,6 +208,8 @@ def _failure_outcome(running: RunningJob, exc: BaseException) -> Outcome:
         return Outcome(job.id, CANCELLED, error=error, traceback=tb)
     if isinstance(exc, FailJob):
         return Outcome(job.id, FAILED, error=error, traceback=tb)
+    if isinstance(exc, JobSuspended):
+        return Outcome(job.id, PENDING, delay=exc.delay_seconds, refund=1, suspended=1)
     if isinstance(exc, RetryJob | Snooze) and exc.delay_seconds > MAX_DELAY_SECONDS:
         error = (
             f"{error}: the delay is over the longest allowed, 1,000 years "
@@ -302,8 +309,8 @@ def _failed(running: RunningJob, exc: BaseException) -> Outcome:
 
 def signalled_failure(outcome: Outcome) -> bool:
     """Whether ``job_failed`` is sent for ``outcome``: a retry or a failure, not a
-    snooze or a cancellation."""
-    return outcome.status in (PENDING, FAILED) and not outcome.snoozed
+    snooze, a suspension or a cancellation."""
+    return outcome.status in (PENDING, FAILED) and not (outcome.snoozed or outcome.suspended)
 
 
 def mark_started(running: RunningJob) -> None:

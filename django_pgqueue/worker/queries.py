@@ -55,7 +55,10 @@ RATE_LIMITED = "SELECT EXISTS (SELECT 1 FROM pgqueue_rate_limits)"
 # a start time that never happened would count against its rate limit's window).
 # An attempt that ended without completing its job (all but those handed back unstarted)
 # is recorded in pgqueue_job_attempts by the same statement; a retried or snoozed job
-# starts its next attempt with no progress or stage of this one.
+# starts its next attempt with no progress or stage of this one. A suspended job (a
+# sleep, a wait for an event: ``suspended``) is due after its delay, or at once when an
+# emitted event woke it while it ran (pgqueue_emit_event() then moved its run_at past
+# its claimed_at; a claim always leaves run_at at or before claimed_at).
 FINISH = f"""
 WITH finished AS (
 UPDATE pgqueue_jobs AS jobs
@@ -64,8 +67,9 @@ UPDATE pgqueue_jobs AS jobs
                                 ELSE jobs.progress END,
        current_stage = CASE WHEN o.status = {_PENDING} THEN '' ELSE jobs.current_stage END,
        completed_at = CASE WHEN o.status = {_PENDING} THEN NULL ELSE now() END,
-       run_at = CASE WHEN o.status = {_PENDING}
-                     THEN now() + o.delay * interval '1 second' ELSE jobs.run_at END,
+       run_at = CASE WHEN o.status <> {_PENDING} THEN jobs.run_at
+                     WHEN o.suspended > 0 AND jobs.run_at > jobs.claimed_at THEN now()
+                     ELSE now() + o.delay * interval '1 second' END,
        worker_id = CASE WHEN o.status = {_PENDING} THEN NULL ELSE jobs.worker_id END,
        attempts = jobs.attempts - o.refund,
        snoozes = jobs.snoozes + o.snoozed,
@@ -76,22 +80,24 @@ UPDATE pgqueue_jobs AS jobs
        started_at = CASE WHEN o.started = 'NaN' THEN NULL
                          ELSE COALESCE(to_timestamp(o.started), jobs.started_at) END
   FROM unnest(%b::uuid[], %b::text[], %b::float8[], %b::int[], %b::text[], %b::text[],
-              %b::text[], %b::float8[], %b::int[])
-       AS o(id, status, delay, refund, error, traceback, result, started, snoozed)
+              %b::text[], %b::float8[], %b::int[], %b::int[])
+       AS o(id, status, delay, refund, error, traceback, result, started, snoozed, suspended)
  WHERE jobs.id = o.id
    AND jobs.worker_id = %s
    AND {_HELD}
-RETURNING jobs.id, o.status, o.refund, o.snoozed, jobs.attempts + o.refund AS attempt,
+RETURNING jobs.id, o.status, o.refund, o.snoozed, o.suspended,
+          jobs.attempts + o.refund AS attempt,
           jobs.started_at, o.error, o.traceback
 ), recorded AS (
 INSERT INTO pgqueue_job_attempts
        (job_id, attempt, worker_id, started_at, ended_at, outcome, error, traceback)
 SELECT id, attempt, %s, started_at, now(),
        CASE WHEN status <> {_PENDING} THEN status
-            WHEN snoozed > 0 THEN 'snoozed' ELSE 'retried' END,
+            WHEN snoozed > 0 THEN 'snoozed' WHEN suspended > 0 THEN 'suspended'
+            ELSE 'retried' END,
        COALESCE(error, ''), COALESCE(traceback, '')
   FROM finished
- WHERE status <> {_COMPLETED} AND (refund = 0 OR snoozed > 0)
+ WHERE status <> {_COMPLETED} AND (refund = 0 OR snoozed > 0 OR suspended > 0)
 )
 SELECT id FROM finished
 """

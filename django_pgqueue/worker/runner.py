@@ -945,6 +945,7 @@ def finish_params(outcomes: list[Outcome], worker_id: str) -> list[Any]:
         [o.result for o in outcomes],
         [math.nan if o.unstarted else o.started for o in outcomes],
         [o.snoozed for o in outcomes],
+        [o.suspended for o in outcomes],
         worker_id,
         worker_id,
     ]
@@ -957,11 +958,19 @@ def _log_outcome(job: Job, outcome: Outcome) -> None:
             logger.debug("job %s (%s) completed", job.id, job.job_type, extra=job_fields(job))
         return
     fields = job_fields(job)
-    if outcome.status == PENDING and outcome.refund and not outcome.snoozed:
+    if outcome.status == PENDING and outcome.refund and not (outcome.snoozed or outcome.suspended):
         logger.info(
             "job %s (%s) not started by the moment its rate limit counted it at: handed back",
             job.id,
             job.job_type,
+            extra=fields,
+        )
+    elif outcome.suspended:
+        logger.info(
+            "job %s (%s) suspended (a sleep or a wait for an event) for up to %.2fs",
+            job.id,
+            job.job_type,
+            outcome.delay,
             extra=fields,
         )
     elif outcome.snoozed:
