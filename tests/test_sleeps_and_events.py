@@ -10,7 +10,9 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import connection, transaction
+from django.urls import reverse
 from django.utils import timezone
 
 from django_pgqueue import EventTimeout, JobSuspended, emit_event, enqueue, job
@@ -354,3 +356,70 @@ def test_pruning_deletes_old_events_only():
     EmittedEvent.objects.filter(name="old").update(emitted_at=timezone.now() - timedelta(days=8))
     assert prune_events(7 * 86400) == 1
     assert list(EmittedEvent.objects.values_list("name", flat=True)) == ["new"]
+
+
+def job_page(client, job_) -> str:
+    response = client.get(reverse("admin:django_pgqueue_job_change", args=[job_.pk]))
+    assert response.status_code == 200
+    return response.content.decode()
+
+
+@pytest.mark.django_db
+def test_the_job_page_says_what_a_suspended_job_waits_for_and_until_when(
+    settle, ship, admin_client
+):
+    sleeper = enqueue("tests.settle", {"sleep": 3600})
+    waiter = enqueue("tests.ship", {"order": 11})
+    forever = enqueue("tests.ship", {"order": 12, "timeout": None})
+    drain()
+
+    page = job_page(admin_client, sleeper)
+    assert "Sleeping at “settlement” until" in page
+    assert "<td><code>settlement</code></td><td>Sleep</td>" in page
+    assert "sleeping until" in page
+    assert "End sleep or wait now" in page
+    page = job_page(admin_client, waiter)
+    assert "Waiting for event “packed:11” until" in page
+    assert "<td><code>packed:11</code></td><td>Wait for an event</td>" in page
+    assert "Waiting for event “packed:12”, without a timeout." in job_page(admin_client, forever)
+
+    emit_event("packed:11", {"weight": 5})
+    drain()
+    page = job_page(admin_client, waiter)
+    assert "Waiting for event" not in page and "End sleep or wait now" not in page
+    assert "received at" in page and "&quot;weight&quot;: 5" in page
+
+
+@pytest.mark.django_db
+def test_staff_end_a_sleep_and_a_wait_early_and_the_admin_log_records_it(settle, ship, staff):
+    operator = staff("view_job", "retry_job")
+    sleeper = enqueue("tests.settle", {"sleep": 3600})
+    waiter = enqueue("tests.ship", {"order": 13})
+    plain = enqueue("tests.settle", {"sleep": 0}, run_at=timezone.now() + timedelta(hours=1))
+    drain()
+
+    operator.post(reverse("admin:django_pgqueue_job_action", args=[sleeper.pk, "end-wait"]))
+    response = operator.post(
+        reverse("admin:django_pgqueue_job_changelist"),
+        {"action": "end_waits", "_selected_action": [str(waiter.pk), str(plain.pk)], "index": "0"},
+        follow=True,
+    )
+    assert "End sleeps and waits: 1 changed, 1 skipped" in response.content.decode()
+
+    for ended in (sleeper, waiter):
+        assert Job.objects.get(pk=ended.pk).run_at <= timezone.now()
+        entry = LogEntry.objects.get(object_id=str(ended.pk))
+        assert (entry.change_message, entry.action_flag) == ("Ended its sleep or wait now.", CHANGE)
+    assert not LogEntry.objects.filter(object_id=str(plain.pk)).exists()
+    assert Job.objects.get(pk=plain.pk).run_at > timezone.now()
+
+    runs = {run.job.pk: run for run in drain()}
+    assert runs[sleeper.pk].status == "completed"  # the sleep is over
+    assert runs[waiter.pk].result == "late"  # the wait timed out
+    assert "timed out: packed:13" in calls
+
+
+@pytest.mark.django_db
+def test_end_waits_leaves_jobs_that_do_not_sleep_or_wait(settle):
+    enqueue("tests.settle", {"sleep": 1}, run_at=timezone.now() + timedelta(hours=1))
+    assert Job.objects.all().end_waits() == 0

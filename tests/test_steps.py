@@ -277,7 +277,7 @@ def test_the_jobs_page_lists_its_steps_and_a_job_without_steps_has_none(checkout
 
     html = page.content.decode()
     assert html.count('<tr class="pgqueue-step">') == 2
-    assert "<td><code>charge</code></td><td>1</td>" in html
-    assert "<td><code>email</code></td><td>2</td>" in html
+    assert "<td><code>charge</code></td><td>Step</td><td>1</td>" in html
+    assert "<td><code>email</code></td><td>Step</td><td>2</td>" in html
     assert "&quot;charge_id&quot;: &quot;ch_8&quot;" in html
     assert "pgqueue-steps" not in other.content.decode()

@@ -1,4 +1,5 @@
-"""The Job admin's actions: retry, cancel and run now, on the changelist and a job's page.
+"""The Job admin's actions: retry, cancel, run now and end a sleep or a wait, on the
+changelist and a job's page.
 
 Each action narrows the selection to the jobs it applies to, changes them through the
 ``JobQuerySet`` transitions, and reports how many changed and why others were skipped.
@@ -26,6 +27,7 @@ from django.utils.translation import gettext_lazy
 from ..due import not_yet_due_q
 from ..models import Job, JobQuerySet
 from ..schema import CANCELLABLE, IN_FLIGHT, RETRYABLE, JobStatus
+from .attempts import current_wait
 from .base import JobAdminBase
 
 
@@ -97,6 +99,28 @@ class JobActions(JobAdminBase):
             changed,
         )
 
+    @admin.action(
+        permissions=["retry"],
+        description=gettext_lazy("End the sleeps and waits of selected jobs now"),
+    )
+    def end_waits(self, request: HttpRequest, queryset: JobQuerySet) -> None:
+        selected = queryset.count()
+        with transaction.atomic(using=queryset.db):
+            _locked_ids(queryset.filter(status=JobStatus.PENDING))
+            ended = queryset.end_waits_of()
+            self._audit(
+                request, list(self._jobs(queryset, ended)), _("Ended its sleep or wait now.")
+            )
+        self._report(
+            request,
+            _(
+                "End sleeps and waits: %(changed)d changed, %(skipped)d skipped (not "
+                "sleeping or waiting for an event)."
+            )
+            % {"changed": len(ended), "skipped": selected - len(ended)},
+            len(ended),
+        )
+
     def _jobs(self, queryset: JobQuerySet, ids: list[uuid.UUID]) -> JobQuerySet:
         """The jobs of ``ids``, whatever the selection's filters say of them now."""
         return self.model._default_manager.using(queryset.db).filter(pk__in=ids)
@@ -112,8 +136,14 @@ class JobActions(JobAdminBase):
             # "Delayed" as the database decides it, like the action itself.
             "run-now": job.status == JobStatus.PENDING
             and self.get_queryset(request).filter(not_yet_due_q(), pk=job.pk).exists(),
+            "end-wait": job.status == JobStatus.PENDING and current_wait(job) is not None,
         }
-        labels = {"retry": _("Retry"), "cancel": _("Cancel"), "run-now": _("Run now")}
+        labels = {
+            "retry": _("Retry"),
+            "cancel": _("Cancel"),
+            "run-now": _("Run now"),
+            "end-wait": _("End sleep or wait now"),
+        }
         return [
             {
                 "label": labels[name],
@@ -133,6 +163,7 @@ class JobActions(JobAdminBase):
             "retry": self.retry_jobs,
             "cancel": self.cancel_jobs,
             "run-now": self.run_jobs_now,
+            "end-wait": self.end_waits,
         }
         if not (self.has_view_permission(request) and self.has_retry_permission(request)):
             raise PermissionDenied

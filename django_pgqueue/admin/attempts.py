@@ -5,11 +5,14 @@ of its durable steps."""
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
+from django.db.models import BooleanField, ExpressionWrapper, Q
+from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from ..models import AttemptOutcome, Job, JobAttempt, JobStep
+from ..models import AttemptOutcome, Job, JobAttempt, JobStep, StepKind
 from ..schema import JobStatus
 from .formatting import display_datetime, short_duration
 
@@ -71,22 +74,89 @@ def _own_row(job: Job) -> dict[str, Any]:
 def step_rows(job: Job) -> tuple[list[dict[str, Any]], int]:
     """The rows of ``job``'s completed steps in the order they ran, and how many more
     there are than ``STEPS_SHOWN``."""
-    steps = list(JobStep.objects.filter(job_id=job.pk).order_by("id")[: STEPS_SHOWN + 1])
+    steps = list(
+        JobStep.objects.filter(job_id=job.pk)
+        .annotate(has_result=ExpressionWrapper(Q(result__isnull=False), BooleanField()))
+        .order_by("id")[: STEPS_SHOWN + 1]
+    )
     hidden = (
         JobStep.objects.filter(job_id=job.pk).count() - STEPS_SHOWN
         if len(steps) > STEPS_SHOWN
         else 0
     )
+    now = timezone.now()
     rows = []
     for step in steps[:STEPS_SHOWN]:
         result = json.dumps(step.result)
         rows.append(
             {
                 "name": step.name,
+                "kind": StepKind(step.kind).label,
                 "attempt": step.attempt,
                 "started": display_datetime(step.started_at),
-                "duration": short_duration(step.completed_at - step.started_at),
-                "result": result[:RESULT_SHOWN] + ("…" if len(result) > RESULT_SHOWN else ""),
+                "duration": ""
+                if step.kind != StepKind.STEP
+                else short_duration(step.completed_at - step.started_at),
+                "state": _state(step, now),
+                "result": result[:RESULT_SHOWN] + ("…" if len(result) > RESULT_SHOWN else "")
+                if step.kind == StepKind.STEP or _received(step)
+                else "",
             }
         )
     return rows, hidden
+
+
+def _received(step: JobStep) -> bool:
+    """Whether a wait's event was received: its result is JSON (``null`` for a payload
+    of None, which the ORM reads as None too), not SQL NULL."""
+    return bool(getattr(step, "has_result", step.result is not None))
+
+
+def _state(step: JobStep, now: datetime) -> str:
+    """A sleep's or a wait's state in words; "" for a step."""
+    end = step.wake_at
+    if step.kind == StepKind.SLEEP:
+        assert end is not None
+        if end > now:
+            return _("sleeping until %s") % display_datetime(end)
+        return _("slept until %s") % display_datetime(end)
+    if step.kind == StepKind.EVENT:
+        if _received(step):
+            return _("received at %s") % display_datetime(step.completed_at)
+        if end is None:
+            return _("waiting, without a timeout")
+        if end > now:
+            return _("waiting until %s") % display_datetime(end)
+        return _("timed out at %s") % display_datetime(end)
+    return ""
+
+
+def current_wait(job: Job) -> JobStep | None:
+    """The sleep or wait ``job`` is suspended in now, if any: the newest one not over."""
+    now = timezone.now()
+    sleeping = Q(kind=StepKind.SLEEP, wake_at__gt=now)
+    waiting = Q(kind=StepKind.EVENT, result__isnull=True) & (
+        Q(wake_at__isnull=True) | Q(wake_at__gt=now)
+    )
+    return JobStep.objects.filter(sleeping | waiting, job_id=job.pk).order_by("-id").first()
+
+
+def wait_summary(job: Job) -> str:
+    """What a suspended ``job`` waits for, in words ("" when it does not)."""
+    if job.status != JobStatus.PENDING:
+        return ""
+    step = current_wait(job)
+    if step is None:
+        return ""
+    if step.kind == StepKind.SLEEP:
+        assert step.wake_at is not None
+        return _("Sleeping at “%(name)s” until %(end)s.") % {
+            "name": step.name,
+            "end": display_datetime(step.wake_at),
+        }
+    if step.wake_at is None:
+        return _("Waiting for event “%s”, without a timeout.") % step.name
+    return _("Waiting for event “%(name)s” until %(end)s.") % {
+        "name": step.name,
+        "end": display_datetime(step.wake_at),
+    }

@@ -20,7 +20,7 @@ from django.utils.translation import gettext_lazy
 from ..models import Job
 from ..schema import JobStatus
 from ..tracing import stored_ids
-from .attempts import attempt_rows, step_rows
+from .attempts import attempt_rows, step_rows, wait_summary
 from .base import JobModelAdmin
 from .formatting import (
     TEMPLATES,
@@ -229,7 +229,10 @@ class JobCells(JobModelAdmin):
     @admin.display(description=gettext_lazy("steps"))
     def steps_display(self, job: Job) -> str:
         rows, hidden = step_rows(job)
-        return render_to_string(f"{TEMPLATES}/steps.html", {"steps": rows, "hidden": hidden})
+        return render_to_string(
+            f"{TEMPLATES}/steps.html",
+            {"steps": rows, "hidden": hidden, "waiting": wait_summary(job)},
+        )
 
     @admin.display(description=gettext_lazy("events"))
     def history(self, job: Job) -> str:

@@ -148,7 +148,7 @@ class JobAdmin(WorkflowCells, ErrorGroups, PeriodicPage, LiveView, QueueOverview
         "A job id, part of a job type, an exact unique key, or a payload match: key=value "
         '(order_id=42) or a JSON object ({"user": {"id": 7}}).'
     )
-    actions = ("retry_jobs", "cancel_jobs", "run_jobs_now")
+    actions = ("retry_jobs", "cancel_jobs", "run_jobs_now", "end_waits")
     fieldsets = (
         (
             None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import TYPE_CHECKING
 
 from django.db import IntegrityError, connections, models, transaction
@@ -13,7 +14,7 @@ from .. import conf
 from ..due import not_yet_due_q
 from ..exceptions import PgQueueError
 from ..held import release_keys
-from ..schema import ACTIVE, CANCELLABLE, IN_FLIGHT, RETRYABLE, JobStatus
+from ..schema import ACTIVE, CANCELLABLE, IN_FLIGHT, RETRYABLE, JobStatus, literal
 from .dependencies import JobWait
 
 if TYPE_CHECKING:
@@ -160,6 +161,47 @@ class JobQuerySet(models.QuerySet["Job"]):
         changed = eligible.update(run_at=Now())
         notify_queues(_write_db(self), queues if changed else [])
         return changed
+
+    def end_waits(self) -> int:
+        """End the sleeps and waits for events of the selected suspended jobs now, and
+        make them due: a sleep is over, a wait times out (``EventTimeout`` in the
+        handler). Returns how many jobs it changed.
+
+        Only ``pending`` jobs with a sleep or a wait not over yet (``job.sleep()``,
+        ``job.wait_for_event()``); sends a ``NOTIFY`` for their queues (see above).
+        """
+        return len(self.end_waits_of())
+
+    def end_waits_of(self) -> list[uuid.UUID]:
+        """``end_waits()``, returning the ids of the jobs it changed."""
+        alias = _write_db(self)
+        ids = list(self.using(alias).filter(status=JobStatus.PENDING).values_list("pk", flat=True))
+        if not ids:
+            return []
+        with connections[alias].cursor() as cursor:
+            cursor.execute(_END_WAITS, [ids])
+            rows = cursor.fetchall()
+        notify_queues(alias, sorted({queue for _, queue in rows}))
+        return [job_id for job_id, _ in rows]
+
+
+# The sleeps not over and the waits not received nor timed out (the steps' checkpoints)
+# end now, and their jobs are due now.
+_END_WAITS = f"""
+WITH ended AS (
+UPDATE pgqueue_job_steps AS s
+   SET wake_at = now()
+ WHERE s.job_id = ANY (%s::uuid[])
+   AND CASE s.kind WHEN 'sleep' THEN s.wake_at > now()
+                   WHEN 'event' THEN s.result IS NULL AND (s.wake_at IS NULL OR s.wake_at > now())
+                   ELSE false END
+RETURNING s.job_id
+)
+UPDATE pgqueue_jobs AS j
+   SET run_at = least(j.run_at, now())
+ WHERE j.id IN (SELECT job_id FROM ended) AND j.status = {literal(JobStatus.PENDING)}
+RETURNING j.id, j.queue
+"""
 
 
 def _keys_of(jobs: models.QuerySet[Job]) -> list[tuple[str, str]]:
