@@ -182,3 +182,21 @@ def crash_after_step(job):
     if job.attempts == 1 and job.data.get("crash"):
         os.kill(os.getpid(), signal.SIGKILL)
     return "done"
+
+
+def _record_step(job, label):
+    """A row of ``testapp_execution`` for one run of a step's function, its worker id
+    ``label`` (tests/faults/test_steps_crash.py counts them)."""
+    now = timezone.now()
+    Execution.objects.create(
+        job_id=job.id, worker_id=label, attempt=job.attempts, started_at=now, finished_at=now
+    )
+
+
+@job("tests.stepped", max_attempts=50, retry_backoff=NO_BACKOFF, atomic=False)
+def stepped(job):
+    """Three durable steps, the middle one atomic, each writing a row when its function
+    runs: the fault suite kills workers under it (tests/faults/test_steps_crash.py)."""
+    job.step("first", _record_step, job, "step:first")
+    job.step("middle", _record_step, job, "step:middle", atomic=True)
+    job.step("last", _record_step, job, "step:last")
