@@ -223,8 +223,6 @@ def prune_by_settings(*, max_seconds: float, using: str | None = None) -> int:
             max_seconds=max_seconds,
             using=using,
         )
-    if settings.EVENT_RETENTION is not None:
-        prune_events(settings.EVENT_RETENTION, using=using)
     return deleted
 
 
@@ -234,6 +232,12 @@ DELETE FROM pgqueue_emitted_events
                  WHERE emitted_at < now() - %s * interval '1 second'
                  LIMIT %s)
 """
+
+
+def prune_events_by_settings(*, using: str | None = None) -> int:
+    """Apply ``PGQUEUE['EVENT_RETENTION']`` (workers call this with recovery)."""
+    retention = conf.get_settings().EVENT_RETENTION
+    return 0 if retention is None else prune_events(retention, using=using)
 
 
 def prune_events(older_than: float, *, using: str | None = None, batch_size: int = 1000) -> int:

@@ -12,6 +12,7 @@ from datetime import timedelta
 import pytest
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import connection, transaction
+from django.test import override_settings
 from django.urls import reverse
 from django.utils import timezone
 
@@ -423,3 +424,18 @@ def test_staff_end_a_sleep_and_a_wait_early_and_the_admin_log_records_it(settle,
 def test_end_waits_leaves_jobs_that_do_not_sleep_or_wait(settle):
     enqueue("tests.settle", {"sleep": 1}, run_at=timezone.now() + timedelta(hours=1))
     assert Job.objects.all().end_waits() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_workers_prune_events_past_their_retention():
+    emit_event("old")
+    emit_event("recent")
+    EmittedEvent.objects.filter(name="old").update(emitted_at=timezone.now() - timedelta(hours=2))
+    with (
+        override_settings(
+            PGQUEUE={"EVENT_RETENTION": 3600, "HEARTBEAT_INTERVAL": 0.1, "RECOVER_INTERVAL": 0.1}
+        ),
+        worker_thread(concurrency=1, poll_interval=0.1),
+    ):
+        wait_for(lambda: not EmittedEvent.objects.filter(name="old").exists(), timeout=10)
+    assert EmittedEvent.objects.filter(name="recent").exists()

@@ -41,3 +41,15 @@ if os.environ.get("BENCH_ASYNC_JOBS"):
     from . import async_jobs  # noqa: F401
 if os.environ.get("BENCH_PROCESS_JOBS"):
     from . import process_jobs  # noqa: F401
+
+
+@job("bench.waits", atomic=False)
+def waits(job: Any) -> Any:
+    """Wait for the event ``e:<i>`` (bench/sleepers.py), without a timeout."""
+    return job.wait_for_event(f"e:{job.data['i']}", timeout=None)
+
+
+@job("bench.sleeps", atomic=False)
+def sleeps(job: Any) -> None:
+    """Sleep two days (bench/sleepers.py)."""
+    job.sleep("nap", 2 * 86400)

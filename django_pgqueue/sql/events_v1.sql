@@ -57,11 +57,13 @@ END;
 $$;
 
 -- Emits the event p_name with p_payload, in the caller's transaction: the event is
--- stored (replacing an earlier payload of the name) and every job waiting for it is
--- made due, with a NOTIFY on p_channel (NULL: none) for its queue. A job still running
--- when it is woken gets a run_at later than its claimed_at, which the worker's FINISH
--- reads as "woken while it ran": it suspends the job due at once. Returns how many
--- waiting jobs it woke.
+-- stored (replacing an earlier payload of the name), the payload is written into the
+-- checkpoint of every wait for it (so a woken job reads it with its checkpoints, and
+-- keeps the payload of the emit that woke it), and their jobs are made due, with a
+-- NOTIFY on p_channel (NULL: none) for their queues. A job still running when it is
+-- woken gets a run_at later than its claimed_at, which the worker's FINISH reads as
+-- "woken while it ran": it suspends the job due at once. Returns how many waiting jobs
+-- it woke.
 CREATE FUNCTION pgqueue_emit_event(p_name text, p_payload jsonb, p_channel text)
 RETURNS integer
 LANGUAGE plpgsql AS $$
@@ -73,15 +75,19 @@ BEGIN
     INSERT INTO pgqueue_emitted_events AS e (name, payload, emitted_at)
     VALUES (p_name, p_payload, now())
     ON CONFLICT (name) DO UPDATE SET payload = EXCLUDED.payload, emitted_at = now();
-    WITH woken AS (
+    WITH delivered AS (
+        UPDATE pgqueue_job_steps AS s
+           SET result = COALESCE(p_payload, 'null'::jsonb), completed_at = now()
+          FROM pgqueue_jobs AS j
+         WHERE s.kind = 'event' AND s.result IS NULL AND s.name = p_name
+           AND j.id = s.job_id AND j.status IN ('pending', 'claimed', 'running')
+        RETURNING s.job_id
+    ), woken AS (
         UPDATE pgqueue_jobs AS j
            SET run_at = CASE WHEN j.status = 'pending' THEN now()
                              ELSE greatest(clock_timestamp(),
                                            j.claimed_at + interval '1 microsecond') END
-          FROM pgqueue_job_steps AS s
-         WHERE s.kind = 'event' AND s.result IS NULL AND s.name = p_name
-           AND j.id = s.job_id
-           AND j.status IN ('pending', 'claimed', 'running')
+         WHERE j.id IN (SELECT job_id FROM delivered)
            AND (j.status <> 'pending' OR j.run_at > now())
         RETURNING j.queue, j.status
     )

@@ -17,7 +17,7 @@ from django.utils import timezone
 from ..exceptions import PgQueueError
 from ..logfields import job_fields
 from ..periodic import enqueue_due_ticks, next_tick
-from ..pruning import prune_by_settings
+from ..pruning import prune_by_settings, prune_events_by_settings
 from ..rate_limits import prune_rate_starts
 from ..recovery import recover_stale_jobs, release_held_jobs
 from . import queries
@@ -78,6 +78,7 @@ class Heartbeat(threading.Thread):
                 recover_stale_jobs(self._stale_after, using=self._alias)
                 release_held_jobs(using=self._alias)
                 prune_rate_starts(using=self._alias)
+                prune_events_by_settings(using=self._alias)
                 with connections[self._alias].cursor() as cursor:
                     cursor.execute(queries.FORGET_OLD_WORKERS)
             # Bounded in time so that heartbeats stay on schedule; a backlog of
