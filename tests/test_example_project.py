@@ -252,6 +252,7 @@ def test_demo_enqueues_the_jobs_it_prints_and_none_of_the_rolled_back_ones(
     assert {(job_id, job_type) for job_id, job_type, _, _ in rows} == kept
     assert sorted(job_type for _, job_type in kept) == [
         "shop.build_album_cover",
+        "shop.checkout",
         *["shop.make_thumbnail"] * 5,
         "shop.send_follow_up_email",
         "shop.send_welcome_email",
@@ -271,12 +272,13 @@ def test_demo_enqueues_the_jobs_it_prints_and_none_of_the_rolled_back_ones(
 def test_demo_runs_the_worker_and_every_job_ends_as_the_story_says(example: Example) -> None:
     output = example.manage("demo").stdout
 
-    assert "All 10 jobs ended as expected" in output
+    assert "All 11 jobs ended as expected" in output
     outcomes = example.query(
         "SELECT job_type, status, attempts FROM pgqueue_jobs ORDER BY job_type, attempts, status"
     )
     assert outcomes == [
         ("shop.build_album_cover", "completed", 1),
+        ("shop.checkout", "completed", 2),
         *[("shop.make_thumbnail", "completed", 1)] * 4,
         ("shop.make_thumbnail", "failed", 1),
         ("shop.send_follow_up_email", "pending", 0),
@@ -300,3 +302,22 @@ def test_demo_runs_the_worker_and_every_job_ends_as_the_story_says(example: Exam
     )
     assert result == {"cover": cover, "thumbnails": 3}
     assert cover_started >= last_thumbnail_done
+    # The checkout's second attempt (the CRM was down) charged and emailed nothing again.
+    [(charges, charge_id, receipt_sent, crm_recorded)] = example.query(
+        "SELECT charges, charge_id, receipt_sent_at IS NOT NULL, crm_recorded_at IS NOT NULL"
+        " FROM shop_order"
+    )
+    assert (charges, receipt_sent, crm_recorded) == (1, True, True)
+    assert output.count("Your receipt for order") == 1
+    assert f"charged 1 time(s) ({charge_id}), receipt sent, sale in the CRM" in output
+    steps = example.query(
+        "SELECT s.name, s.kind, s.attempt FROM pgqueue_job_steps s"
+        " JOIN pgqueue_jobs j ON j.id = s.job_id WHERE j.job_type = 'shop.checkout' ORDER BY s.id"
+    )
+    assert steps == [
+        ("charge", "step", 1),
+        ("record-charge", "step", 1),
+        ("receipt", "step", 1),
+        ("settlement", "sleep", 1),
+        ("crm", "step", 2),
+    ]

@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.utils.html import format_html
 
-from .models import Album, Customer, ProductPhoto
+from .models import Album, Customer, Order, ProductPhoto
 
 
 @admin.register(Customer)
@@ -34,3 +34,9 @@ class AlbumAdmin(admin.ModelAdmin):
         if not album.cover:
             return "-"
         return format_html('<img src="{}" width="32" height="32" alt="">', album.cover.url)
+
+
+@admin.register(Order)
+class OrderAdmin(admin.ModelAdmin):
+    list_display = ("__str__", "customer", "total_cents", "charges", "receipt_sent_at")
+    readonly_fields = ("created_at",)

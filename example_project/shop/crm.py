@@ -28,3 +28,15 @@ def push_contact(email: str, name: str, *, attempt: int, simulated_outage: int =
         )
     logger.info("CRM contact upserted: %s", email)
     return f"crm-{zlib.crc32(email.encode()):08x}"
+
+
+def record_sale(email: str, total_cents: int, *, attempt: int, simulated_outage: int = 0) -> str:
+    """Record a sale on the customer's contact and return its CRM id; fails as
+    ``push_contact`` does for the first ``simulated_outage`` attempts."""
+    if attempt <= simulated_outage:
+        raise CrmUnavailable(
+            f"CRM answered 503 Service Unavailable (simulated outage, attempt {attempt} "
+            f"of {simulated_outage} down)"
+        )
+    logger.info("CRM sale recorded: %s, %d cents", email, total_cents)
+    return f"sale-{zlib.crc32(f'{email}:{total_cents}'.encode()):08x}"

@@ -59,3 +59,23 @@ class ProductPhoto(models.Model):
 
     def __str__(self) -> str:
         return self.title
+
+
+class Order(models.Model):
+    """An order; its checkout (charge, receipt, CRM) is one job of durable steps."""
+
+    customer = models.ForeignKey(Customer, on_delete=models.CASCADE, related_name="orders")
+    total_cents = models.PositiveIntegerField()
+    #: How many times the (stand-in) payment provider charged it: 1, however many
+    #: attempts the checkout took.
+    charges = models.PositiveIntegerField(default=0)
+    charge_id = models.CharField(max_length=50, blank=True)
+    receipt_sent_at = models.DateTimeField(null=True, blank=True)
+    crm_recorded_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ("-created_at",)
+
+    def __str__(self) -> str:
+        return f"order #{self.pk}"

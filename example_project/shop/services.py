@@ -13,8 +13,14 @@ from django.db import transaction
 
 import django_pgqueue
 
-from .jobs import build_album_cover, make_thumbnail, send_follow_up_email, send_welcome_email
-from .models import Album, Customer, ProductPhoto
+from .jobs import (
+    build_album_cover,
+    checkout,
+    make_thumbnail,
+    send_follow_up_email,
+    send_welcome_email,
+)
+from .models import Album, Customer, Order, ProductPhoto
 
 FOLLOW_UP_DELAY = timedelta(days=1)
 
@@ -84,3 +90,17 @@ def add_album(title: str, images: list[File]) -> tuple[Album, django_pgqueue.Wor
             ProductPhoto.image.field.storage.delete(name)
         raise
     return album, workflow
+
+
+def place_order(
+    customer: Customer, total_cents: int, *, simulated_outage: int = 0
+) -> tuple[Order, django_pgqueue.Job]:
+    """Create an order and enqueue its checkout (``simulated_outage``: how many of the
+    checkout's first attempts find the CRM down)."""
+    with transaction.atomic():
+        order = Order.objects.create(customer=customer, total_cents=total_cents)
+        data: dict[str, int] = {"order_id": order.pk}
+        if simulated_outage:
+            data["simulated_outage"] = simulated_outage
+        job = checkout.enqueue(data)
+    return order, job

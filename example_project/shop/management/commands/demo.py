@@ -23,9 +23,9 @@ from django.utils.timesince import timeuntil
 import django_pgqueue
 from django_pgqueue import Job, JobStatus
 from shop.jobs import sync_to_crm
-from shop.models import Album, Customer, ProductPhoto
+from shop.models import Album, Customer, Order, ProductPhoto
 from shop.preview import sample_ppm
-from shop.services import add_album, add_photo, sign_up
+from shop.services import add_album, add_photo, place_order, sign_up
 
 WORKER_COMMAND = "pgqueue_worker"
 
@@ -167,9 +167,17 @@ class Command(BaseCommand):
         self.show_enqueued(cover, f"{cover.status}: runs after the three thumbnails")
         self.track("summer album: cover (after the thumbnails)", cover, JobStatus.COMPLETED, 1)
 
+        self.step(
+            "6. Bob orders a mug: the checkout charges, emails the receipt, sleeps while "
+            "the charge settles and records the sale in the CRM, which is down once"
+        )
+        order, checkout_job = place_order(bob, 1250, simulated_outage=1)
+        self.show_enqueued(checkout_job, f"order #{order.pk}: durable steps, charged once")
+        self.track("bob: checkout (durable steps)", checkout_job, JobStatus.COMPLETED, 2)
+
     def run_worker(self, concurrency: int, max_wait: float) -> bool:
         argv = ["--burst", "--concurrency", str(concurrency)]
-        self.step(f"6. The worker: manage.py {WORKER_COMMAND} {' '.join(argv)}")
+        self.step(f"7. The worker: manage.py {WORKER_COMMAND} {' '.join(argv)}")
         if WORKER_COMMAND not in get_commands():
             self.say(self.style.ERROR(f"`{WORKER_COMMAND}` is not available (Unknown command)"))
             return False
@@ -180,31 +188,32 @@ class Command(BaseCommand):
                 self.say(self.style.ERROR(f"`{WORKER_COMMAND}` is not available: {exc}"))
                 return False
             raise
-        # Failed attempts are retried after a backoff delay; --burst exits once nothing
-        # is due, so wait for each scheduled retry and run another burst.
+        # Failed attempts are retried after a backoff delay, and a sleeping job resumes
+        # after its sleep; --burst exits once nothing is due, so wait for each and run
+        # another burst.
         deadline = time.monotonic() + max_wait
+        expected_later = [t.job_id for t in self.tracked if t.expect_status != JobStatus.PENDING]
         while True:
-            retry = (
-                Job.objects.filter(
-                    pk__in=[t.job_id for t in self.tracked],
-                    status=JobStatus.PENDING,
-                    attempts__gt=0,
-                )
+            later = (
+                Job.objects.filter(pk__in=expected_later, status=JobStatus.PENDING)
                 .order_by("run_at")
                 .first()
             )
-            if retry is None:
+            if later is None:
                 return True
-            wait = max((retry.run_at - timezone.now()).total_seconds(), 0.0)
+            wait = max((later.run_at - timezone.now()).total_seconds(), 0.0)
             if time.monotonic() + wait > deadline:
-                self.say(f"a retry is scheduled in {wait:.1f}s, past --max-wait: not waiting")
+                self.say(f"a job is due in {wait:.1f}s, past --max-wait: not waiting")
                 return True
             when = f"due in {wait:.1f}s" if wait >= 0.05 else "due now"
-            self.say(
-                f"{self.label(retry)}: attempt {retry.attempts} failed "
-                f"({_first_line(retry.last_error)}); its retry is {when} (backoff), "
-                "so the worker runs again"
-            )
+            if later.attempts:
+                why = (
+                    f"attempt {later.attempts} failed ({_first_line(later.last_error)}); "
+                    f"its retry is {when} (backoff)"
+                )
+            else:
+                why = f"sleeps while the charge settles; it resumes {when}"
+            self.say(f"{self.label(later)}: {why}, so the worker runs again")
             time.sleep(wait + 0.05)
             call_command(WORKER_COMMAND, *argv)
 
@@ -251,6 +260,13 @@ class Command(BaseCommand):
         for album in Album.objects.filter(pk__in=self._data_ids("album_id")).order_by("pk"):
             cover = album.cover.path if album.cover else "not built"
             self.say(f"album {album.title!r}: cover -> {cover}")
+        for order in Order.objects.filter(pk__in=self._data_ids("order_id")).order_by("pk"):
+            receipt = "receipt sent" if order.receipt_sent_at else "no receipt"
+            crm = "sale in the CRM" if order.crm_recorded_at else "not in the CRM"
+            self.say(
+                f"order #{order.pk}: charged {order.charges} time(s) ({order.charge_id}), "
+                f"{receipt}, {crm}"
+            )
 
     def check_outcomes(self) -> None:
         jobs = Job.objects.in_bulk([t.job_id for t in self.tracked])
