@@ -29,12 +29,14 @@ its event so that neither misses the other.
 
 from __future__ import annotations
 
+import inspect
 import json
 import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
+from asgiref.sync import sync_to_async
 from django.db import connections, transaction
 
 from . import conf, validation
@@ -110,6 +112,32 @@ def run_step(
         text = _result_json(func(*args, **kwargs))
         if job._store_steps:
             _write_now(alias, job, _params(job, name, "step", text, None, started))
+    _checkpoints(job, alias)[name] = Checkpoint(text, "step", None)
+    return json.loads(text)
+
+
+async def arun_step(
+    job: Job, name: str, func: Callable[..., Any], args: Any, kwargs: Any, atomic: bool
+) -> Any:
+    """``job.astep()``: ``run_step()`` for async code; ``func`` may be a coroutine
+    function, awaited on the caller's event loop."""
+    if not inspect.iscoroutinefunction(func):
+        return await sync_to_async(run_step)(job, name, func, args, kwargs, atomic)
+    if atomic:
+        raise StepError(
+            f"step {name!r} of job {job.id}: an atomic step runs a plain function in a "
+            "database transaction, and Django runs no transaction across awaits; make "
+            "the function sync, or the step not atomic"
+        )
+    name = validation.step_name(name)
+    alias, stored = await sync_to_async(_begin)(job, name, "step")
+    if stored is not None:
+        assert stored.result is not None
+        return json.loads(stored.result)
+    started = time.time()
+    text = _result_json(await func(*args, **kwargs))
+    if job._store_steps:
+        await sync_to_async(_write_now)(alias, job, _params(job, name, "step", text, None, started))
     _checkpoints(job, alias)[name] = Checkpoint(text, "step", None)
     return json.loads(text)
 

@@ -439,3 +439,41 @@ def test_workers_prune_events_past_their_retention():
     ):
         wait_for(lambda: not EmittedEvent.objects.filter(name="old").exists(), timeout=10)
     assert EmittedEvent.objects.filter(name="recent").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_async_steps_run_once_across_retries(clean_registry):
+    async def fetch(order):
+        calls.append(f"fetch {order}")
+        return {"order": order}
+
+    def tag(order):
+        calls.append(f"tag {order}")
+        return order * 2
+
+    @job("tests.async_steps", max_attempts=2, retry_backoff=lambda attempt: 0.0, atomic=False)
+    async def async_steps(job_):
+        fetched = await job_.astep("fetch", fetch, job_.data["order"])
+        doubled = await job_.astep("tag", tag, fetched["order"])
+        if job_.attempts == 1:
+            raise RuntimeError("the CRM is down")
+        return doubled
+
+    done = run_until_finished(enqueue("tests.async_steps", {"order": 21}))
+
+    assert (done.status, done.result) == (JobStatus.COMPLETED, 42)
+    assert calls == ["fetch 21", "tag 21"]
+
+
+@pytest.mark.django_db
+def test_an_atomic_step_of_an_async_function_is_refused(clean_registry):
+    async def fetch():
+        return 1
+
+    @job("tests.async_atomic", max_attempts=1)
+    async def async_atomic(job_):
+        await job_.astep("fetch", fetch, atomic=True)
+
+    run = run_job("tests.async_atomic")
+    assert run.status == "failed"
+    assert "StepError" in run.error and "Django runs no transaction across awaits" in run.error

@@ -25,7 +25,7 @@ from ..exceptions import InvalidJobError, JobCancelled
 from ..indexes import GinIndex
 from ..progress import write_progress
 from ..schema import ACTIVE, FINISHED, IN_FLIGHT, JobStatus
-from ..steps import run_step, sleep, wait_for_event
+from ..steps import arun_step, run_step, sleep, wait_for_event
 from .base import JobsDatabaseManager, JobsDatabaseModel
 from .dependencies import JobDependency
 from .transitions import JobQuerySet
@@ -442,6 +442,32 @@ class Job(JobsDatabaseModel):
                 or for an atomic step whose job is no longer held by this attempt.
         """
         return cast(T, run_step(self, name, func, args, kwargs, atomic))
+
+    async def astep(
+        self,
+        name: str,
+        func: Callable[..., Any],
+        /,
+        *args: Any,
+        atomic: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        """``step()`` for an ``async def`` handler: ``func`` may be a coroutine function
+        (``async def``), awaited on the handler's event loop, or a plain one, run in
+        Django's thread for sync code (``sync_to_async``).
+
+        ```python
+        @job("shop.sync_crm", atomic=False)
+        async def sync_crm(job):
+            contact = await job.astep("contact", crm.aupsert_contact, job.data["email"])
+            await job.astep("tag", crm.tag_contact, contact["id"], "customer")
+        ```
+
+        The same arguments, result and errors as ``step()``. An atomic step
+        (``atomic=True``) takes a plain function only: Django runs no transaction
+        across awaits, so an async one raises ``StepError``.
+        """
+        return await arun_step(self, name, func, args, kwargs, atomic)
 
     def sleep(self, name: str, duration: float | timedelta) -> None:
         """Sleep for ``duration`` inside the handler, as the durable step ``name``: the
