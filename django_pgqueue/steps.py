@@ -306,3 +306,21 @@ def write_deferred(job: Job, alias: str) -> None:
     with connections[alias].cursor() as cursor:
         for sql, params in job.__dict__.pop("_steps_deferred", ()):
             cursor.execute(sql, list(params))
+
+
+_CLEAR_FROM = """
+DELETE FROM pgqueue_job_steps
+ WHERE job_id = %s
+   AND id >= (SELECT id FROM pgqueue_job_steps WHERE job_id = %s AND name = %s)
+"""
+
+
+def clear_checkpoints_from(job_id: Any, name: str, alias: str) -> int:
+    """Delete the checkpoint ``name`` of the job and every one stored after it; return
+    how many. ``StepError`` when the job has no checkpoint ``name``."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_CLEAR_FROM, [job_id, job_id, name])
+        cleared: int = cursor.rowcount
+    if not cleared:
+        raise StepError(f"job {job_id} has no step, sleep or wait named {name!r}")
+    return cleared

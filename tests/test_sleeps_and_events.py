@@ -477,3 +477,77 @@ def test_an_atomic_step_of_an_async_function_is_refused(clean_registry):
     run = run_job("tests.async_atomic")
     assert run.status == "failed"
     assert "StepError" in run.error and "Django runs no transaction across awaits" in run.error
+
+
+@pytest.fixture
+def three_steps(clean_registry):
+    """``tests.three_steps``: steps one, two, three, then fails unless ``data["ok"]``."""
+
+    @job("tests.three_steps", max_attempts=1, atomic=False)
+    def three_steps_handler(job_):
+        for name in ("one", "two", "three"):
+            job_.step(name, lambda name=name: calls.append(name) or name)
+        if not job_.data.get("ok"):
+            raise ValueError("step three's result was wrong")
+        return "ok"
+
+    return three_steps_handler
+
+
+@pytest.mark.django_db
+def test_staff_rerun_a_failed_job_from_a_chosen_step(three_steps, staff):
+    operator = staff("view_job", "retry_job")
+    failed = enqueue("tests.three_steps")
+    drain()
+    assert Job.objects.get(pk=failed.pk).status == JobStatus.FAILED
+    page = job_page(operator, failed)
+    assert "Re-run from step" in page and '<option value="two">two</option>' in page
+
+    response = operator.post(
+        reverse("admin:django_pgqueue_job_action", args=[failed.pk, "rerun-from"]),
+        {"step": "two"},
+        follow=True,
+    )
+
+    assert "Re-ran from step “two”: 2 checkpoint(s) cleared. Retried." in (
+        response.content.decode()
+    )
+    assert list(JobStep.objects.filter(job=failed).values_list("name", flat=True)) == ["one"]
+    assert Job.objects.get(pk=failed.pk).status == JobStatus.PENDING
+    entry = LogEntry.objects.get(object_id=str(failed.pk))
+    assert entry.change_message.startswith("Re-ran from step “two”")
+    calls.clear()
+    # include_delayed: the retry's run_at (the statement's time) is after the test
+    # transaction's now().
+    drain(include_delayed=True)
+    assert calls == ["two", "three"]  # "one" came from its checkpoint
+
+
+@pytest.mark.django_db
+def test_a_completed_job_or_an_unknown_step_cannot_be_rerun(three_steps, staff):
+    operator = staff("view_job", "retry_job")
+    done = enqueue("tests.three_steps", {"ok": True})
+    failed = enqueue("tests.three_steps")
+    drain()
+    assert "Re-run from step" not in job_page(operator, done)
+
+    def rerun(job_, step):
+        url = reverse("admin:django_pgqueue_job_action", args=[job_.pk, "rerun-from"])
+        return operator.post(url, {"step": step}, follow=True).content.decode()
+
+    assert "is completed: only a failed, cancelled, pending or waiting job" in rerun(done, "two")
+    assert "has no step, sleep or wait named &#x27;four&#x27;" in rerun(failed, "four")
+    assert JobStep.objects.filter(job__in=[done, failed]).count() == 6
+    assert Job.objects.get(pk=failed.pk).status == JobStatus.FAILED
+    assert not LogEntry.objects.exists()
+
+
+@pytest.mark.django_db
+def test_view_only_staff_see_no_rerun_form_and_cannot_post_it(three_steps, staff):
+    viewer = staff("view_job")
+    failed = enqueue("tests.three_steps")
+    drain()
+    assert "Re-run from step" not in job_page(viewer, failed)
+    url = reverse("admin:django_pgqueue_job_action", args=[failed.pk, "rerun-from"])
+    assert viewer.post(url, {"step": "one"}).status_code == 403
+    assert JobStep.objects.filter(job=failed).count() == 3

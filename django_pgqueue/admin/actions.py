@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Callable
 from typing import cast
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.http import (
@@ -25,9 +25,10 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from ..due import not_yet_due_q
+from ..exceptions import StepError
 from ..models import Job, JobQuerySet
 from ..schema import CANCELLABLE, IN_FLIGHT, RETRYABLE, JobStatus
-from .attempts import current_wait
+from .attempts import STEPS_SHOWN, current_wait
 from .base import JobAdminBase
 
 
@@ -121,6 +122,22 @@ class JobActions(JobAdminBase):
             len(ended),
         )
 
+    def _rerun_from(self, request: HttpRequest, job: Job, step: str) -> None:
+        """Run ``job`` again from its checkpoint ``step`` (``Job.rerun_from_step()``)."""
+        status = job.status
+        try:
+            with transaction.atomic(using=job._state.db):
+                cleared = job.rerun_from_step(step)
+                message = _("Re-ran from step “%(step)s”: %(cleared)d checkpoint(s) cleared.")
+                message %= {"step": step, "cleared": cleared}
+                if status in RETRYABLE:
+                    message += " " + _("Retried.")
+                self._audit(request, [job], message)
+        except StepError as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+            return
+        self.message_user(request, message, messages.SUCCESS)
+
     def _jobs(self, queryset: JobQuerySet, ids: list[uuid.UUID]) -> JobQuerySet:
         """The jobs of ``ids``, whatever the selection's filters say of them now."""
         return self.model._default_manager.using(queryset.db).filter(pk__in=ids)
@@ -168,6 +185,11 @@ class JobActions(JobAdminBase):
         if not (self.has_view_permission(request) and self.has_retry_permission(request)):
             raise PermissionDenied
         job = self.get_object(request, object_id)
+        if action == "rerun-from" and job is not None:
+            self._rerun_from(request, job, request.POST.get("step", ""))
+            return HttpResponseRedirect(
+                reverse(f"{self.admin_site.name}:django_pgqueue_job_change", args=[job.pk])
+            )
         if action not in methods:
             return self._not_found(request, _("No job action “%s”.") % action)
         if job is None:
@@ -178,6 +200,14 @@ class JobActions(JobAdminBase):
         return HttpResponseRedirect(
             reverse(f"{self.admin_site.name}:django_pgqueue_job_change", args=[job.pk])
         )
+
+
+def rerun_choices(job: Job) -> list[str]:
+    """The names of the checkpoints ``job`` can run again from, oldest first; none
+    unless it is failed, cancelled, pending or waiting."""
+    if job.status in IN_FLIGHT or job.status == JobStatus.COMPLETED:
+        return []
+    return list(job.steps.order_by("id").values_list("name", flat=True)[:STEPS_SHOWN])
 
 
 def _locked_ids(jobs: JobQuerySet) -> list[uuid.UUID]:

@@ -16,13 +16,14 @@ from django.contrib.admin.views.main import ChangeList
 from django.core.paginator import EmptyPage
 from django.db.models import BooleanField, ExpressionWrapper, QuerySet
 from django.http import HttpRequest, HttpResponse
-from django.urls import URLPattern, path
+from django.urls import URLPattern, path, reverse
 from django.utils.functional import cached_property
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from ..due import due_q
 from ..models import Job
+from .actions import rerun_choices
 from .base import JobPaginator
 from .errors import ErrorFilter, ErrorGroups
 from .filters import JobTypeFilter, QueueFilter, SearchError, search_filter
@@ -285,6 +286,11 @@ class JobAdmin(WorkflowCells, ErrorGroups, PeriodicPage, LiveView, QueueOverview
     ) -> HttpResponse:
         job = self.get_object(request, object_id)
         extra: dict[str, Any] = {"pgqueue_actions": self.job_actions(request, job) if job else []}
+        if job is not None and self.has_retry_permission(request):
+            extra["pgqueue_rerun_steps"] = rerun_choices(job)
+            extra["pgqueue_rerun_url"] = reverse(
+                f"{self.admin_site.name}:django_pgqueue_job_action", args=[job.pk, "rerun-from"]
+            )
         if job is not None:
             # str(job) includes the status, which the live refresh keeps current elsewhere.
             extra["subtitle"] = f"{job.job_type} {job.pk}"

@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Protocol, Self, TypeVar, cast
 
 from asgiref.sync import sync_to_async
 from django.contrib.postgres.functions import RandomUUID
-from django.db import connections, models
+from django.db import connections, models, transaction
 from django.db.models import Q, Value
 from django.db.models.base import ModelState
 from django.db.models.functions import Now
@@ -21,11 +21,11 @@ from django.utils.translation import gettext_lazy as _
 
 from .. import conf, schema, waiting
 from ..due import CLAIM_INDEX_FIELDS
-from ..exceptions import InvalidJobError, JobCancelled
+from ..exceptions import InvalidJobError, JobCancelled, StepError
 from ..indexes import GinIndex
 from ..progress import write_progress
-from ..schema import ACTIVE, FINISHED, IN_FLIGHT, JobStatus
-from ..steps import arun_step, run_step, sleep, wait_for_event
+from ..schema import ACTIVE, FINISHED, IN_FLIGHT, RETRYABLE, JobStatus
+from ..steps import arun_step, clear_checkpoints_from, run_step, sleep, wait_for_event
 from .base import JobsDatabaseManager, JobsDatabaseModel
 from .dependencies import JobDependency
 from .transitions import JobQuerySet
@@ -639,6 +639,39 @@ class Job(JobsDatabaseModel):
         [`JobQuerySet.retry()`][django_pgqueue.models.JobQuerySet.retry].
         """
         return self._this_job().retry() > 0
+
+    def rerun_from_step(self, name: str) -> int:
+        """Forget the checkpoint of the step, sleep or wait ``name`` and of every one
+        stored after it, so that the job runs them again; retry the job if it is failed
+        or cancelled. Returns how many checkpoints were deleted.
+
+        ```python
+        job.rerun_from_step("receipt")  # the charge stays done; the receipt is sent again
+        ```
+
+        For a job whose later steps went wrong because of a step's stored result (a bug
+        since fixed, a partner's bad answer). A pending or waiting job keeps its status
+        and runs from there when it runs. The admin's job page offers it as **Re-run
+        from step**.
+
+        Raises:
+            StepError: The job has no checkpoint ``name``, or it is claimed, running or
+                completed (a completed job is not run again: enqueue a new one).
+        """
+        alias = conf.jobs_database(self._state.db)
+        with transaction.atomic(using=alias):
+            locked = self._this_job().select_for_update().values_list("status", flat=True)
+            status = locked.first()
+            if status is None or status in IN_FLIGHT or status == JobStatus.COMPLETED:
+                raise StepError(
+                    f"job {self.pk} is {status or 'gone'}: only a failed, cancelled, "
+                    "pending or waiting job can run from a step again"
+                )
+            cleared = clear_checkpoints_from(self.pk, name, alias)
+            if status in RETRYABLE:
+                self._this_job().retry()
+        self.refresh_from_db(using=alias)
+        return cleared
 
     def _this_job(self) -> JobQuerySet:
         """This job's row, in the database the job was loaded from (else the jobs one)."""
