@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import contextvars
 import dataclasses
 import json
 import logging
@@ -41,6 +42,8 @@ from .exceptions import (
     JobCancelled,
     JobFailedError,
     JobNotFoundError,
+    JobSuspended,
+    StepError,
     TaskReturnValueError,
 )
 from .options import Step
@@ -69,7 +72,7 @@ from .worker.execution import refuse_awaitable
 if TYPE_CHECKING:
     from .models import Job
 
-__all__ = ["PgQueueBackend"]
+__all__ = ["PgQueueBackend", "task_job"]
 
 logger = logging.getLogger("django_pgqueue.tasks")
 
@@ -545,6 +548,45 @@ def _task_definition(job_type: str, *, timeout: float | None) -> JobDefinition:
     )
 
 
+#: The job whose task this thread (or task of the event loop) is running.
+_running_job: contextvars.ContextVar[Job | None] = contextvars.ContextVar(
+    "pgqueue_running_task_job", default=None
+)
+
+
+def task_job(context: TaskContext) -> Job:
+    """The ``Job`` that runs a task, from its context: for [durable steps](../how-to/steps.md)
+    (``job.step()``, ``job.sleep()``, ``job.wait_for_event()``) in a ``@task`` function.
+
+    ```python
+    from django.tasks import task
+    from django_pgqueue.backends import task_job
+
+    @task(takes_context=True)
+    def checkout(context, order_id):
+        job = task_job(context)
+        charge = job.step("charge", payments.charge, order_id)
+        job.step("receipt", mail.send_receipt, order_id, charge["id"])
+    ```
+
+    The Tasks API has no steps of its own, and its ``TaskContext`` carries only the
+    task's result: this gives the job behind it. Give the backend
+    ``"OPTIONS": {"ATOMIC": False}`` for tasks made of steps, as ``@job(atomic=False)``
+    for handlers (see [Durable steps](../how-to/steps.md#jobs-made-of-steps-should-not-be-atomic)).
+
+    Raises:
+        StepError: ``context`` is not the context of a task this worker is running with
+            django-pgqueue's backend.
+    """
+    job = _running_job.get()
+    if job is None or str(job.id) != str(context.task_result.id):
+        raise StepError(
+            "task_job() takes the TaskContext of a task that django-pgqueue's backend is "
+            "running now (a @task(takes_context=True) function, called by a worker)"
+        )
+    return job
+
+
 def run_task_job(job: Job) -> Any:
     """Run a task job's task in the worker and return its JSON return value.
 
@@ -560,12 +602,15 @@ def run_task_job(job: Job) -> Any:
     result = _result_of(job, alias, task=_task_of(job, alias, task))
     task_started.send(sender=sender, task_result=result)
     context = (TaskContext(task_result=result),) if task.takes_context else ()
+    running = _running_job.set(job)
     try:
         with transaction.atomic(using=job._state.db) if atomic else contextlib.nullcontext():
             # task.call() runs an async def task itself; a coroutine returned by a
             # plain function would otherwise fail as a value that is not JSON, unclosed.
             returned = refuse_awaitable(task.call(*context, *result.args, **result.kwargs), job)
             value = _json_return_value(returned)
+    except JobSuspended:
+        raise  # a sleep or a wait: not finished, nothing to send
     except BaseException as exc:
         final = _is_last_attempt(job, exc)
         failed = dataclasses.replace(
@@ -582,6 +627,8 @@ def run_task_job(job: Job) -> Any:
         # Sent robustly: a failing receiver must not replace the task's own error.
         task_finished.send_robust(sender=sender, task_result=failed)
         raise
+    finally:
+        _running_job.reset(running)
     succeeded = dataclasses.replace(
         result, status=TaskResultStatus.SUCCESSFUL, finished_at=timezone.now()
     )

@@ -16,13 +16,14 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from django_pgqueue import InvalidJobError, chain, chord, job, registry
-from django_pgqueue.backends import PRIORITY_OFFSET, PgQueueBackend, resolve_task_job
-from django_pgqueue.exceptions import JobRegistrationError
+from django_pgqueue import InvalidJobError, chain, chord, emit_event, job, registry
+from django_pgqueue.backends import PRIORITY_OFFSET, PgQueueBackend, resolve_task_job, task_job
+from django_pgqueue.exceptions import JobRegistrationError, StepError
 from django_pgqueue.models import Job, JobStatus
 from django_pgqueue.tasks_compat import (
     InvalidTask,
     InvalidTaskBackend,
+    TaskContext,
     TaskResultStatus,
     default_task_backend,
     task,
@@ -31,7 +32,7 @@ from django_pgqueue.tasks_compat import (
 )
 from django_pgqueue.worker import Worker
 from tests.testapp import tasks as test_tasks
-from tests.testapp.models import Order
+from tests.testapp.models import Execution, Order
 from tests.workers import WorkerProcess
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -268,6 +269,31 @@ def test_a_task_that_snoozes_waits_without_spending_an_attempt():
     assert (result.attempts, result.errors) == (0, [])
     assert (job.status, job.snoozes) == (JobStatus.PENDING, 1)
     assert (job.run_at - job.claimed_at).total_seconds() >= 60
+
+
+def test_a_task_runs_durable_steps_through_task_job(settings):
+    configure(settings, ATOMIC=False)
+    result = test_tasks.stepped_checkout.enqueue(5)
+
+    run_due()  # attempt 1: charges, then fails
+    Job.objects.filter(pk=result.id).run_now()  # its retry, without the backoff
+    run_due()  # attempt 2: the charge from its checkpoint; waits for the event
+    result.refresh()
+    assert result.status == TaskResultStatus.READY and result.attempts == 1
+    assert Job.objects.get(pk=result.id).status == JobStatus.PENDING
+
+    emit_event("paid:5", {"amount": 12})
+    run_until_finished(result)
+
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == {"charge": "ch_5", "paid": {"amount": 12}}
+    assert Execution.objects.filter(worker_id="charge").count() == 1
+
+
+def test_task_job_refuses_a_context_it_is_not_running():
+    context = TaskContext(task_result=test_tasks.noop.enqueue())
+    with pytest.raises(StepError, match="takes the TaskContext of a task"):
+        task_job(context)
 
 
 def test_a_task_that_keeps_failing_fails_after_max_attempts(settings):

@@ -140,3 +140,29 @@ def sum_of_dependencies(context: TaskContext):
 
     job = Job.objects.get(pk=context.task_result.id)
     return sum(job.dependency_results().values())
+
+
+@task(takes_context=True)
+def stepped_checkout(context, order):
+    """Durable steps in a task (``task_job``): the first attempt charges, then fails;
+    the retry gets the charge from its checkpoint and waits for ``paid:<order>``."""
+    from django_pgqueue.backends import task_job
+
+    job = task_job(context)
+    charge = job.step("charge", _charge, order)
+    if context.attempt == 1:
+        raise RuntimeError("the mail server is down")
+    paid = job.wait_for_event(f"paid:{order}", timeout=60)
+    return {"charge": charge, "paid": paid}
+
+
+def _charge(order):
+    now = timezone.now()
+    Execution.objects.create(
+        job_id=f"00000000-0000-0000-0000-{order:012d}",
+        worker_id="charge",
+        attempt=1,
+        started_at=now,
+        finished_at=now,
+    )
+    return f"ch_{order}"
