@@ -69,6 +69,17 @@ SELECT id, %s, %s, attempts, %s::jsonb, to_timestamp(%s), to_timestamp(%s), now(
    AND attempts = %s
 """
 
+# _CHECKPOINT committed on its own (a plain step's, a sleep's), without waiting for the
+# disk: set_config(..., true) holds for this statement's own transaction. A database crash
+# may lose the last such checkpoints, which only runs those steps again (plain steps are
+# at least once); the commit of the job's outcome waits for the disk, and with it for
+# every checkpoint written before, so a job never completes without its checkpoints.
+_CHECKPOINT_NOW = _CHECKPOINT.replace(
+    "  FROM pgqueue_jobs\n",
+    "  FROM pgqueue_jobs\n"
+    " CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true)) AS unflushed\n",
+)
+
 _AWAIT = "SELECT * FROM pgqueue_await_event(%s, %s, %s, %s, to_timestamp(%s), to_timestamp(%s))"
 
 _EMITTED = "SELECT payload::text FROM pgqueue_emitted_events WHERE name = %s"
@@ -253,9 +264,11 @@ def _params(
     return (name, kind, text, wake_at, started, job.id, job.worker_id, job.attempts)
 
 
-def _write(connection: BaseDatabaseWrapper, params: tuple[Any, ...]) -> bool:
+def _write(
+    connection: BaseDatabaseWrapper, params: tuple[Any, ...], sql: str = _CHECKPOINT
+) -> bool:
     with connection.cursor() as cursor:
-        cursor.execute(_CHECKPOINT, list(params))
+        cursor.execute(sql, list(params))
         return bool(cursor.rowcount == 1)
 
 
@@ -263,9 +276,9 @@ def _write_now(alias: str, job: Job, params: tuple[Any, ...]) -> None:
     """Commit a checkpoint now, whatever transaction the caller is in."""
     connection = connections[alias]
     if not connection.in_atomic_block:
-        _write(connection, params)
+        _write(connection, params, _CHECKPOINT_NOW)
         return
-    if execute_autocommit(alias, _CHECKPOINT, params):
+    if execute_autocommit(alias, _CHECKPOINT_NOW, params):
         return
     # Not held as the side connection sees the database: either lost (nothing to
     # write), or a job that exists only in the caller's transaction, a test's: the

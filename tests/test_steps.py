@@ -281,3 +281,22 @@ def test_the_jobs_page_lists_its_steps_and_a_job_without_steps_has_none(checkout
     assert "<td><code>email</code></td><td>Step</td><td>2</td>" in html
     assert "&quot;charge_id&quot;: &quot;ch_8&quot;" in html
     assert "pgqueue-steps" not in other.content.decode()
+
+
+@pytest.mark.django_db
+def test_a_plain_checkpoints_commit_does_not_wait_for_the_disk():
+    # Plain steps are at least once: their checkpoint's own transaction commits with
+    # synchronous_commit off (the job's outcome, committed after it, waits for the disk).
+    # Read here inside the test's transaction, where the statement's setting stays.
+    from django_pgqueue import steps
+
+    held = enqueue("tests.noop")
+    Job.objects.filter(pk=held.pk).update(status="running", worker_id="w", attempts=1)
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL synchronous_commit = on")
+        cursor.execute(
+            steps._CHECKPOINT_NOW, ["only", "step", "null", None, time.time(), held.pk, "w", 1]
+        )
+        assert cursor.rowcount == 1
+        cursor.execute("SHOW synchronous_commit")
+        assert cursor.fetchone()[0] == "off"

@@ -45,11 +45,22 @@ if os.environ.get("BENCH_PROCESS_JOBS"):
 
 @job("bench.waits", atomic=False)
 def waits(job: Any) -> Any:
-    """Wait for the event ``e:<i>`` (bench/sleepers.py), without a timeout."""
+    """Wait for the event ``e:<i>`` (bench/durable.py), without a timeout."""
     return job.wait_for_event(f"e:{job.data['i']}", timeout=None)
 
 
 @job("bench.sleeps", atomic=False)
 def sleeps(job: Any) -> None:
-    """Sleep two days (bench/sleepers.py)."""
+    """Sleep two days (bench/durable.py)."""
     job.sleep("nap", 2 * 86400)
+
+
+def _nothing() -> None:
+    return None
+
+
+@job("bench.ten_steps", atomic=False)
+def ten_steps(job: Any) -> None:
+    """Ten durable no-op steps (bench/durable.py), set beside ten no-op jobs."""
+    for number in range(10):
+        job.step(f"s{number}", _nothing)

@@ -1,18 +1,27 @@
-"""What sleeping and waiting jobs cost an idle worker, and how fast events wake them.
+"""Durable steps, sleeps and waits: their cost per step, at idle, and to wake.
 
-    python scripts/with_postgres.py -- python bench/sleepers.py [--sleepers N] [--wake N]
+    python bench/durable.py [--sleepers N] [--wake N] [--steps-jobs N] [--runs N]
+        [--database-url URL]
 
-On the database of ``DATABASE_URL`` (migrated here), one ``pgqueue_worker
---concurrency 4`` runs idle, first with no job, then beside ``--sleepers`` suspended
-jobs (half in ``job.sleep()``, half in ``job.wait_for_event()``, written in SQL as a
-worker leaves them). For each it reports, over ``MEASURE_SECONDS``: the transactions the
-database committed per second (the worker's polls and heartbeats), the connections held,
-and the median time of one idle claim. Then ``--wake`` events wake as many waiting
-jobs, and the time until those have completed is set beside the drain
-of as many no-op jobs by the same worker: the events are emitted in one transaction, and
-the rate from its commit to the last woken job's completion is set as a ratio of the
-drain's.
-Prints a Markdown table; see bench/README.md.
+On a fresh database (migrated here) of a durable server started as bench/run.py starts
+its own (``fsync`` and ``synchronous_commit`` on), or of ``--database-url``, with one
+``pgqueue_worker --concurrency 4``:
+
+1. Idle: the worker runs idle with no job, then beside ``--sleepers`` suspended jobs
+   (half in ``job.sleep()``, half in ``job.wait_for_event()``, written in SQL as a worker
+   leaves them). For each, over ``MEASURE_SECONDS``: the transactions the database
+   committed per second (the worker's polls and heartbeats), the client connections
+   held, and the median time of one idle claim.
+2. Steps: ``--steps-jobs`` jobs of ten no-op ``job.step()`` each, drained, set beside
+   ten times as many no-op jobs, drained by the same worker; ``--runs`` rounds of each,
+   alternating, medians reported. The figure is the steps' rate (checkpoints a second)
+   as a ratio of the no-op jobs' rate, and the WAL written per checkpoint (the steps'
+   drain's WAL per job less a no-op job's, over ten).
+3. Wake: ``--wake`` no-op jobs are drained, then ``--wake`` events, emitted in one
+   transaction, wake as many waiting jobs: the rate from that commit to the last woken
+   job's completion, as a ratio of the drain's.
+
+Prints Markdown; see bench/README.md.
 """
 
 from __future__ import annotations
@@ -28,8 +37,29 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+
+def _on_a_server() -> int:
+    """Run this script again on a fresh database: of ``--database-url``, else of a
+    durable server started as bench/run.py starts its own (``fsync`` on)."""
+    from bench.run import drop_database, fresh_database, postgres
+
+    url = None
+    if "--database-url" in sys.argv:
+        url = sys.argv[sys.argv.index("--database-url") + 1]
+    with postgres(url) as admin_url:
+        database = fresh_database(admin_url, "durable_steps")
+        try:
+            env = {**os.environ, "BENCH_DATABASE_URL": database}
+            return subprocess.run([sys.executable, __file__, *sys.argv[1:]], env=env).returncode
+        finally:
+            drop_database(admin_url, database)
+
+
+if __name__ == "__main__" and not os.environ.get("BENCH_DATABASE_URL"):
+    raise SystemExit(_on_a_server())
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.django_settings")
-os.environ.setdefault("BENCH_DATABASE_URL", os.environ.get("DATABASE_URL", ""))
 
 import django  # noqa: E402
 
@@ -124,10 +154,55 @@ def wait_for_completed(count: int, job_type: str, timeout: float = 600) -> None:
     raise SystemExit(f"{job_type}: only {done} of {count} completed in {timeout}s")
 
 
+def wal_lsn() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
+        return int(cursor.fetchone()[0])
+
+
+def timed_drain(specs: list[JobSpec], job_type: str) -> tuple[float, int]:
+    """Enqueue ``specs``, and return the seconds from that commit to the last job's
+    completion, and the WAL bytes written meanwhile."""
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE pgqueue_jobs CASCADE")
+    wal = wal_lsn()
+    enqueue_many(specs)
+    started = time.monotonic()
+    wait_for_completed(len(specs), job_type)
+    return time.monotonic() - started, wal_lsn() - wal
+
+
+def measure_steps(jobs: int, runs: int) -> str:
+    """Jobs of ten no-op steps beside ten times as many no-op jobs."""
+    plain_rates, step_rates, plain_wal, step_wal = [], [], [], []
+    for _ in range(runs):
+        seconds, wal = timed_drain([JobSpec(job_type="bench.noop")] * (10 * jobs), "bench.noop")
+        plain_rates.append(10 * jobs / seconds)
+        plain_wal.append(wal / (10 * jobs))
+        seconds, wal = timed_drain([JobSpec(job_type="bench.ten_steps")] * jobs, "bench.ten_steps")
+        step_rates.append(10 * jobs / seconds)
+        step_wal.append(wal / jobs)
+    plain, steps = statistics.median(plain_rates), statistics.median(step_rates)
+    per_checkpoint = (statistics.median(step_wal) - statistics.median(plain_wal)) / 10
+    return (
+        f"{10 * jobs:,} no-op jobs drained at {plain:,.0f} jobs/s (WAL "
+        f"{statistics.median(plain_wal):,.0f} B a job); {jobs:,} jobs of ten no-op steps "
+        f"at {steps:,.0f} steps/s: {steps / plain:.2f}x; WAL {per_checkpoint:,.0f} B a "
+        f"checkpoint (medians of {runs} alternating runs)"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sleepers", type=int, default=100_000)
     parser.add_argument("--wake", type=int, default=10_000)
+    parser.add_argument("--steps-jobs", type=int, default=2_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--database-url",
+        help="a server to run on (a fresh database is made there); default: a durable "
+        "server started as bench/run.py starts its own",
+    )
     args = parser.parse_args()
     call_command("migrate", verbosity=0)
     with connection.cursor() as cursor:
@@ -146,7 +221,13 @@ def main() -> int:
             cursor.execute("VACUUM ANALYZE pgqueue_jobs")
             cursor.execute("VACUUM ANALYZE pgqueue_job_steps")
         rows.append(measure_idle(f"idle worker, {args.sleepers:,} jobs sleeping or waiting"))
+        with connection.cursor() as cursor:
+            cursor.execute("TRUNCATE pgqueue_jobs CASCADE")
+        steps_line = measure_steps(args.steps_jobs, args.runs)
 
+        with connection.cursor() as cursor:
+            cursor.execute("TRUNCATE pgqueue_jobs CASCADE")
+            cursor.execute(_SUSPENDED, [2 * args.wake])
         enqueue_many([JobSpec(job_type="bench.noop") for _ in range(args.wake)])
         started = time.monotonic()
         wait_for_completed(args.wake, "bench.noop")
@@ -164,6 +245,8 @@ def main() -> int:
         worker.terminate()
         worker.wait(timeout=60)
 
+    print(steps_line)
+    print()
     print("| case | commits/s | connections | idle claim (ms) |")
     print("|---|---|---|---|")
     for row in rows:
@@ -181,6 +264,8 @@ def main() -> int:
     with connection.cursor() as cursor:
         cursor.execute("SELECT version()")
         print(cursor.fetchone()[0])
+        cursor.execute("SHOW fsync")
+        print(f"fsync {cursor.fetchone()[0]}")
     return 0
 
 
