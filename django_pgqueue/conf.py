@@ -61,6 +61,9 @@ class PgQueueSettings:
     RETENTION: float | None = None
     #: Failed jobs older than this are deleted by workers (None: kept until handled).
     FAILED_RETENTION: float | None = None
+    #: A session holding the xmin horizon longer than this is named by a worker's
+    #: warning, ``pgqueue_status`` and the metrics (None: never).
+    HORIZON_WARNING_AFTER: float | None = 300.0
     #: Emitted events (``emit_event()``) older than this are deleted by workers (None:
     #: kept); a job that starts waiting for one within it still receives it.
     EVENT_RETENTION: float | None = 7 * 86400.0
@@ -80,7 +83,7 @@ class PgQueueSettings:
 
 
 # Durations that may also be None, meaning "never".
-_OPTIONAL_DURATIONS = {"RETENTION", "FAILED_RETENTION", "EVENT_RETENTION"}
+_OPTIONAL_DURATIONS = {"RETENTION", "FAILED_RETENTION", "EVENT_RETENTION", "HORIZON_WARNING_AFTER"}
 
 _DURATIONS = {
     "POLL_INTERVAL",

@@ -152,6 +152,15 @@ def _queue_metrics(snapshot: stats.Snapshot) -> Iterator[Metric]:
     lost.add_metric([], states[stats.WorkerState.NOT_RESPONDING])
     yield from (alive, lost)
 
+    holder = snapshot.horizon
+    horizon = GaugeMetricFamily(
+        "pgqueue_xmin_horizon_age_seconds",
+        "How long the oldest transaction or snapshot holding back vacuum in the jobs "
+        "database has been open (0: none)",
+    )
+    horizon.add_metric([], (holder.age_seconds or 0.0) if holder is not None else 0.0)
+    yield horizon
+
 
 class WorkerMetrics:
     """Counters and histograms of the jobs this process runs, fed by the worker signals.

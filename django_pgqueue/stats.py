@@ -39,6 +39,7 @@ from django.utils.translation import gettext_lazy as _
 
 from . import conf
 from .due import DUE, NOT_YET_DUE
+from .horizon import HorizonHolder, read_holder
 from .models import Job, LimitScope, WorkerRecord
 from .schema import FINISHED, IN_FLIGHT, JobStatus, status_in
 
@@ -253,6 +254,9 @@ class Snapshot:
     taken_at: datetime
     queues: list[QueueStats] = field(default_factory=list)
     workers: list[WorkerStats] = field(default_factory=list)
+    #: The session holding the jobs database's xmin horizon furthest back, if any
+    #: (``horizon.py``): vacuum cannot remove dead job rows younger than its snapshot.
+    horizon: HorizonHolder | None = None
 
     def all_queues(self) -> QueueStats:
         """The sum over every queue (named ``""``): counts add up, the oldest due job is
@@ -289,6 +293,9 @@ class Snapshot:
             "workers": [
                 {**plain(asdict(worker)), "alive": worker.alive} for worker in self.workers
             ],
+            "horizon": None
+            if self.horizon is None
+            else {**asdict(self.horizon), "past_threshold": self.horizon.past_threshold()},
         }
 
 
@@ -354,6 +361,7 @@ def snapshot(*, using: str | None = None, totals: bool = False) -> Snapshot:
             queues[name]["max_running"] = max_running
 
         workers = _workers(alias, taken_at, held_by_worker)
+        holder = read_holder(cursor)
 
     for worker in workers:
         if worker.state != WorkerState.STOPPED:
@@ -369,6 +377,7 @@ def snapshot(*, using: str | None = None, totals: bool = False) -> Snapshot:
         taken_at=taken_at,
         queues=[QueueStats(name=name, **queues[name]) for name in sorted(queues)],
         workers=workers,
+        horizon=holder,
     )
 
 

@@ -15,6 +15,7 @@ from django.db import DatabaseError, connections
 from django.utils import timezone
 
 from ..exceptions import PgQueueError
+from ..horizon import HorizonWatch
 from ..logfields import job_fields
 from ..periodic import enqueue_due_ticks, next_tick
 from ..pruning import prune_by_settings, prune_events_by_settings
@@ -52,6 +53,7 @@ class Heartbeat(threading.Thread):
         self._stopping = stopping
         self._run_schedules = run_schedules
         self._on_rate_limited = on_rate_limited
+        self._horizon = HorizonWatch()
 
     def run(self) -> None:
         started = time.monotonic()
@@ -79,6 +81,7 @@ class Heartbeat(threading.Thread):
                 release_held_jobs(using=self._alias)
                 prune_rate_starts(using=self._alias)
                 prune_events_by_settings(using=self._alias)
+                self._horizon.check(using=self._alias)
                 with connections[self._alias].cursor() as cursor:
                     cursor.execute(queries.FORGET_OLD_WORKERS)
             # Bounded in time so that heartbeats stay on schedule; a backlog of

@@ -178,6 +178,7 @@ def _console(out: OutputWrapper) -> Console:
 def render(shot: Snapshot, *, failed_total: bool = False) -> RenderableType:
     """The rich renderable of ``pgqueue_status``: a table of queues, one of workers."""
     from rich.console import Group
+    from rich.markup import escape
     from rich.table import Table
 
     queues = Table(
@@ -250,6 +251,13 @@ def render(shot: Snapshot, *, failed_total: bool = False) -> RenderableType:
         workers.caption = f"and {hidden} more (see --json)"
     elif not shot.workers:
         workers.caption = "no worker has run in the last day"
+    if shot.horizon is not None and shot.horizon.past_threshold():
+        warning = escape(
+            f"Vacuum is held back: {shot.horizon.describe()} holds the xmin horizon "
+            f"{shot.horizon.xid_age:,} transactions back, so dead job rows pile up and "
+            "claims slow down. End it; set idle_in_transaction_session_timeout."
+        )
+        return Group(queues, workers, f"[red]{warning}[/red]")
     return Group(queues, workers)
 
 
