@@ -40,7 +40,8 @@ from django.utils.translation import gettext_lazy as _
 from . import conf
 from .due import DUE, NOT_YET_DUE
 from .horizon import HorizonHolder, read_holder
-from .models import Job, LimitScope, WorkerRecord
+from .models import Job, LimitScope, RateLimitScope, WorkerRecord
+from .rates import Rate
 from .schema import FINISHED, IN_FLIGHT, JobStatus, status_in
 
 #: The window of "recent" figures: throughput and waiting times.
@@ -167,6 +168,8 @@ class QueueStats:
     paused_at: datetime | None = None
     #: ``max_running`` of the queue's concurrency limit (``None``: unlimited).
     max_running: int | None = None
+    #: The queue's rate limit enforced, as jobs per period (``"100/s"``; ``None``: none).
+    rate_limit: str | None = None
     #: Every ``failed`` job of the queue (totals).
     failed: int | None = None
     #: Every ``completed`` job of the queue (totals).
@@ -303,7 +306,7 @@ def snapshot(*, using: str | None = None, totals: bool = False) -> Snapshot:
     """Read the queues and workers now, in one transaction.
 
     A queue appears when it has waiting, pending, claimed or running jobs, jobs finished in the
-    last minute, a paused state, a concurrency limit, or a live worker serving it by
+    last minute, a paused state, a concurrency or rate limit, or a live worker serving it by
     name; with ``totals=True``, also when it has any finished job. ``totals=True`` also
     counts every finished job per status and those of the last hour: no index serves
     that, so it reads all finished rows; leave it off for frequent polling.
@@ -359,6 +362,13 @@ def snapshot(*, using: str | None = None, totals: bool = False) -> Snapshot:
         )
         for name, max_running in cursor.fetchall():
             queues[name]["max_running"] = max_running
+
+        cursor.execute(
+            "SELECT name, max_jobs, period_seconds FROM pgqueue_rate_limits WHERE scope = %s",
+            [RateLimitScope.QUEUE],
+        )
+        for name, jobs, seconds in cursor.fetchall():
+            queues[name]["rate_limit"] = str(Rate(jobs, seconds))
 
         workers = _workers(alias, taken_at, held_by_worker)
         holder = read_holder(cursor)

@@ -23,7 +23,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from django_pgqueue.admin import HISTORY_SHOWN, LIVE_MAX_IDS, EstimatedCountPaginator
-from django_pgqueue.models import Job, JobEvent, WorkerRecord
+from django_pgqueue.models import ConcurrencyLimit, Job, JobEvent, RateLimit, WorkerRecord
 
 pytestmark = pytest.mark.django_db
 
@@ -665,3 +665,57 @@ def test_live_endpoint_rejects_what_is_not_a_job_id(client, operator):
 
     assert bad.status_code == 400 and "error" in json.loads(bad.content)
     assert too_many.status_code == 400
+
+
+def test_overview_shows_queue_limits_with_links_to_edit_them(client, staff, make_job):
+    from django_pgqueue.limits import override_limit
+    from django_pgqueue.rate_limits import override_rate_limit
+
+    make_job(queue="mail")
+    make_job(queue="images")
+    override_limit("queue", "mail", 3)
+    override_rate_limit("queue", "mail", "100/s")
+    override_rate_limit("queue", "reports", "5/m")  # no job: shown for its limit
+    editor = staff(
+        "view_job",
+        "change_concurrencylimit",
+        "add_concurrencylimit",
+        "change_ratelimit",
+        "add_ratelimit",
+    )
+
+    response = editor.get(reverse(OVERVIEW))
+
+    rows = {row["queue"]: row for row in response.context["queues"]}
+    assert (rows["mail"]["limit"], rows["mail"]["rate_limit"]) == (3, "100/s")
+    assert rows["reports"]["rate_limit"] == "5/m"
+    assert (rows["images"]["limit"], rows["images"]["rate_limit"]) == (None, None)
+    limit = ConcurrencyLimit.objects.get(scope="queue", name="mail")
+    rate = RateLimit.objects.get(scope="queue", name="mail")
+    assert rows["mail"]["limit_url"] == reverse(
+        "admin:django_pgqueue_concurrencylimit_change", args=[limit.pk]
+    )
+    assert rows["mail"]["rate_limit_url"] == reverse(
+        "admin:django_pgqueue_ratelimit_change", args=[rate.pk]
+    )
+    # A queue without a rate limit links to the add form, for that queue.
+    add = rows["images"]["rate_limit_url"]
+    assert add.startswith(reverse("admin:django_pgqueue_ratelimit_add"))
+    form = editor.get(add).content.decode()
+    assert 'value="images"' in form
+    content = response.content.decode()
+    assert f'href="{rows["mail"]["rate_limit_url"]}"' in content and ">100/s</a>" in content
+
+
+def test_overview_shows_limits_without_links_to_view_only_staff(client, staff, make_job):
+    from django_pgqueue.rate_limits import override_rate_limit
+
+    make_job(queue="mail")
+    override_rate_limit("queue", "mail", "100/s")
+    viewer = staff("view_job")
+
+    response = viewer.get(reverse(OVERVIEW))
+
+    [mail] = response.context["queues"]
+    assert (mail["rate_limit"], mail["rate_limit_url"], mail["limit_url"]) == ("100/s", "", "")
+    assert "/admin/django_pgqueue/ratelimit/" not in response.content.decode()

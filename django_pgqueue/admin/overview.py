@@ -8,6 +8,7 @@ a limit; a queue that only a worker names shows in that worker's row.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -25,7 +26,7 @@ from django.utils.translation import gettext as _
 
 from .. import stats, validation
 from ..exceptions import InvalidArgumentError
-from ..models import QueueState
+from ..models import ConcurrencyLimit, QueueState, RateLimit
 from ..queues import known_queues, pause_queue, resume_queue
 from ..schema import IN_FLIGHT, JobStatus
 from ..stats import QueueStats, WorkerState, WorkerStats
@@ -87,6 +88,10 @@ class QueueOverview(JobAdminBase):
             raise PermissionDenied
         shot = stats.snapshot(totals=True)
         changelist = reverse(f"{self.admin_site.name}:django_pgqueue_job_changelist")
+        edit = {
+            "limit": self._limit_urls(request, ConcurrencyLimit),
+            "rate_limit": self._limit_urls(request, RateLimit),
+        }
         context = {
             **self.admin_site.each_context(request),
             "title": _("Queue overview"),
@@ -94,9 +99,12 @@ class QueueOverview(JobAdminBase):
             "now": display_datetime(shot.taken_at),
             "statuses": JobStatus.choices,
             "queues": [
-                queue_row(queue, changelist) | self._queue_state(request, queue)
+                queue_row(queue, changelist) | self._queue_state(request, queue, edit)
                 for queue in shot.queues
-                if queue.has_jobs or queue.paused or queue.max_running is not None
+                if queue.has_jobs
+                or queue.paused
+                or queue.max_running is not None
+                or queue.rate_limit is not None
             ],
             "totals": queue_row(shot.all_queues(), changelist),
             "workers": [
@@ -147,8 +155,35 @@ class QueueOverview(JobAdminBase):
         }
         return TemplateResponse(request, f"{TEMPLATES}/worker.html", context)
 
-    def _queue_state(self, request: HttpRequest, queue: QueueStats) -> dict[str, Any]:
-        """The queue's pause state and limit, and its pause or resume button."""
+    def _limit_urls(
+        self, request: HttpRequest, model: type[ConcurrencyLimit] | type[RateLimit]
+    ) -> Callable[[str], str] | None:
+        """For a user who may change ``model``'s limits: the page that edits a queue's
+        limit (its change form, or the add form for the queue); else None."""
+        model_admin = self.admin_site._registry.get(model)
+        if model_admin is None or not model_admin.has_change_permission(request):
+            return None
+        info = f"{self.admin_site.name}:{model._meta.app_label}_{model._meta.model_name}"
+        existing = dict(model.objects.filter(scope="queue").values_list("name", "pk"))
+        may_add = model_admin.has_add_permission(request)
+
+        def url(queue: str) -> str:
+            if queue in existing:
+                return reverse(f"{info}_change", args=[existing[queue]])
+            if may_add:
+                return f"{reverse(f'{info}_add')}?{urlencode({'scope': 'queue', 'name': queue})}"
+            return ""
+
+        return url
+
+    def _queue_state(
+        self,
+        request: HttpRequest,
+        queue: QueueStats,
+        edit: dict[str, Callable[[str], str] | None],
+    ) -> dict[str, Any]:
+        """The queue's pause state and limits with the pages that edit them, and its
+        pause or resume button."""
         action = "resume" if queue.paused else "pause"
         button = {
             "label": _("Resume") if queue.paused else _("Pause"),
@@ -160,6 +195,8 @@ class QueueOverview(JobAdminBase):
         return {
             "paused_at": display_datetime(queue.paused_at),
             "limit": queue.max_running,
+            "rate_limit": queue.rate_limit,
+            **{f"{name}_url": url(queue.name) if url else "" for name, url in edit.items()},
             "queue_action": button if self.has_retry_permission(request) else None,
         }
 
