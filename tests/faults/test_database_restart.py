@@ -52,7 +52,7 @@ def test_database_restarts_lose_no_job(cluster, figures, modes):
 
 
 _ATOMIC_STEP_RUNS = """
-SELECT count(*) FILTER (WHERE runs <> 1), coalesce(sum(runs), 0)
+SELECT count(*) FILTER (WHERE runs <> 1), coalesce(sum(runs), 0)::bigint
   FROM (SELECT j.id, count(e.id) AS runs
           FROM pgqueue_jobs AS j
           LEFT JOIN testapp_execution AS e
