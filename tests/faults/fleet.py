@@ -49,6 +49,15 @@ class Fleet:
         self._spawn(slot)
         return process.worker_id  # type: ignore[attr-defined]
 
+    def restart_dead(self) -> int:
+        """Start a new worker in each slot whose process exited, as systemd or Kubernetes
+        would; return how many."""
+        dead = [slot for slot, p in self.processes.items() if p.process.poll() is not None]
+        for slot in dead:
+            self.retired.append(self.processes[slot])
+            self._spawn(slot)
+        return len(dead)
+
     def assert_alive(self) -> None:
         for process in self.processes.values():
             assert process.process.poll() is None, process.output()[-3000:]

@@ -200,3 +200,9 @@ def stepped(job):
     job.step("first", _record_step, job, "step:first")
     job.step("middle", _record_step, job, "step:middle", atomic=True)
     job.step("last", _record_step, job, "step:last")
+
+
+@job("tests.poison", max_attempts=3)
+def poison(job):
+    """Kills the worker process that runs it, every time (tests/faults/test_poison_job.py)."""
+    os._exit(1)
