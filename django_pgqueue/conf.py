@@ -61,6 +61,9 @@ class PgQueueSettings:
     RETENTION: float | None = None
     #: Failed jobs older than this are deleted by workers (None: kept until handled).
     FAILED_RETENTION: float | None = None
+    #: Store the traceback of a failed attempt with the job and in its attempt history
+    #: (False: only the error line is stored; logs still have the traceback).
+    STORE_TRACEBACKS: bool = True
     #: A session holding the xmin horizon longer than this is named by a worker's
     #: warning, ``pgqueue_status`` and the metrics (None: never).
     HORIZON_WARNING_AFTER: float | None = 300.0

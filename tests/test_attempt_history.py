@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.test import override_settings
 from django.urls import reverse
 from django.utils import timezone
 
@@ -61,6 +62,22 @@ def test_each_failed_attempt_is_recorded_with_its_worker_times_and_traceback():
         assert attempt.duration is not None and attempt.duration >= 0
         assert f"boom on attempt {attempt.attempt}" in attempt.traceback
         assert attempt.traceback.startswith("Traceback (most recent call last)")
+
+
+def test_tracebacks_are_not_stored_when_store_tracebacks_is_off(caplog):
+    failing = enqueue("tests.fail")
+
+    with override_settings(PGQUEUE={"STORE_TRACEBACKS": False}):
+        done = run_until_finished(failing, worker_id=WORKER)
+
+    assert done.status == JobStatus.FAILED
+    assert done.last_error == "RuntimeError: boom on attempt 3"  # the error line stays
+    assert done.last_traceback == ""
+    assert [a.traceback for a in JobAttempt.objects.filter(job=failing)] == ["", "", ""]
+    # The logs still carry it, for the team's own log retention.
+    assert any(
+        "Traceback (most recent call last)" in r.getMessage() for r in caplog.records
+    ) or any(r.exc_info for r in caplog.records if "boom on attempt 3" in r.getMessage())
 
 
 def test_a_completing_attempt_is_the_jobs_own_and_is_not_recorded(flaky):

@@ -933,7 +933,9 @@ def _finish_completed_params(outcomes: list[Outcome], worker_id: str) -> list[An
 
 def finish_params(outcomes: list[Outcome], worker_id: str) -> list[Any]:
     """The parameters of ``queries.FINISH`` recording ``outcomes`` of ``worker_id``'s jobs
-    (the worker's id twice: it guards the update and names the worker of the attempts)."""
+    (the worker's id twice: it guards the update and names the worker of the attempts).
+    Tracebacks are left out when ``PGQUEUE["STORE_TRACEBACKS"]`` is off."""
+    store_tracebacks = conf.get_settings().STORE_TRACEBACKS
     return [
         [o.job_id for o in outcomes],
         [o.status for o in outcomes],
@@ -941,7 +943,7 @@ def finish_params(outcomes: list[Outcome], worker_id: str) -> list[Any]:
         [float(o.delay) for o in outcomes],
         [o.refund for o in outcomes],
         [o.error for o in outcomes],
-        [o.traceback for o in outcomes],
+        [o.traceback if store_tracebacks else None for o in outcomes],
         [o.result for o in outcomes],
         [math.nan if o.unstarted else o.started for o in outcomes],
         [o.snoozed for o in outcomes],
