@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import os
 import random
-import time
 
 import pytest
 
-from .fleet import Fleet, enqueue_sql, kill_as_jobs_complete, wait_until_drained
+from .fleet import Fleet, drain_through_kills, enqueue_sql
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -41,17 +40,11 @@ def test_killed_workers_never_repeat_an_atomic_step(other_connection, figures):
     seed = int(os.environ.get("PGQUEUE_FAULTS_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
     enqueue_sql(other_connection, JOBS, job_type=JOB_TYPE)
-    fleet = Fleet(WORKERS).start()
-    started = time.monotonic()
-    deadline = started + DEADLINE
-    try:
-        kills = kill_as_jobs_complete(other_connection, fleet, JOBS, rng, deadline)
-        wait_until_drained(other_connection, deadline, fleet, job_type=JOB_TYPE)
-        elapsed = time.monotonic() - started
-        fleet.assert_alive()
-        row = other_connection.execute(_FIGURES, {"t": JOB_TYPE}).fetchone()
-    finally:
-        fleet.stop()
+    drain = drain_through_kills(
+        other_connection, Fleet(WORKERS), JOBS, rng, DEADLINE, job_type=JOB_TYPE
+    )
+    row = other_connection.execute(_FIGURES, {"t": JOB_TYPE}).fetchone()
+    kills, elapsed = drain.kills, drain.seconds
 
     assert row is not None
     jobs, completed, first, middle, last, middle_not_once, middle_missing, checkpoints, att = row
@@ -67,7 +60,7 @@ def test_killed_workers_never_repeat_an_atomic_step(other_connection, figures):
         workers=WORKERS,
         kills=kills,
         seed=seed,
-        seconds=round(elapsed, 1),
+        seconds=elapsed,
     )
     assert jobs == JOBS and completed == JOBS
     assert middle_not_once == 0 and middle_missing == 0 and middle == JOBS
