@@ -259,7 +259,8 @@ def drain(
         job_types: Only these job types (a name or a list); ``None``: all.
         include_delayed: Also run pending jobs whose time has not come, with their
             sleeps (``job.sleep()``) over; a job waiting for an event goes on waiting
-            until the test emits it (``emit_event()``) or ends the wait (``end_wait()``).
+            until the test emits it (``emit_event()``) or ends the wait
+            (``Job.objects.filter(...).end_waits()``).
         using: The jobs database alias (default: the one ``JobsRouter`` picks).
         max_runs: Stop with an ``AssertionError`` after so many runs while jobs are
             still due (a job that enqueues another of its kind forever).
