@@ -41,8 +41,8 @@ from django.db import connections, transaction
 
 from . import conf, validation
 from .exceptions import EventTimeout, JobSuspended, StepError
-from .schema import IN_FLIGHT, MAX_DELAY_SECONDS, status_in
-from .sideconn import execute_autocommit, fetch_autocommit
+from .schema import IN_FLIGHT, MAX_DELAY_SECONDS
+from .sideconn import fetch_autocommit
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -58,26 +58,14 @@ SELECT name, result::text, kind, extract(epoch FROM wake_at)
 """
 
 # Only while the same attempt holds the job: a worker that lost it writes nothing.
-_CHECKPOINT = f"""
-INSERT INTO pgqueue_job_steps
-       (job_id, name, kind, attempt, result, wake_at, started_at, completed_at)
-SELECT id, %s, %s, attempts, %s::jsonb, to_timestamp(%s), to_timestamp(%s), now()
-  FROM pgqueue_jobs
- WHERE id = %s
-   AND {status_in(IN_FLIGHT)}
-   AND worker_id IS NOT DISTINCT FROM %s
-   AND attempts = %s
-"""
-
-# _CHECKPOINT committed on its own (a plain step's, a sleep's), without waiting for the
-# disk: set_config(..., true) holds for this statement's own transaction. A database crash
+# Parameters: _params(); the last one says whether to commit without waiting for the
+# disk (a checkpoint committed on its own: a plain step's, a sleep's). A database crash
 # may lose the last such checkpoints, which only runs those steps again (plain steps are
 # at least once); the commit of the job's outcome waits for the disk, and with it for
 # every checkpoint written before, so a job never completes without its checkpoints.
-_CHECKPOINT_NOW = _CHECKPOINT.replace(
-    "  FROM pgqueue_jobs\n",
-    "  FROM pgqueue_jobs\n"
-    " CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true)) AS unflushed\n",
+_CHECKPOINT = (
+    "SELECT pgqueue_write_checkpoint"
+    "(%s, %s, %s, %s, %s, %s::jsonb, to_timestamp(%s), to_timestamp(%s), %s)"
 )
 
 _AWAIT = "SELECT * FROM pgqueue_await_event(%s, %s, %s, %s, to_timestamp(%s), to_timestamp(%s))"
@@ -113,7 +101,7 @@ def run_step(
     if atomic:
         with transaction.atomic(using=alias):
             text = _result_json(func(*args, **kwargs))
-            params = _params(job, name, "step", text, None, started)
+            params = _params(job, name, "step", text, None, started, unflushed=False)
             if job._store_steps and not _write(connections[alias], params):
                 raise StepError(
                     f"job {job.id} is no longer held by this attempt (it was recovered or "
@@ -259,26 +247,34 @@ def _result_json(value: Any) -> str:
 
 
 def _params(
-    job: Job, name: str, kind: str, text: str | None, wake_at: float | None, started: float
+    job: Job,
+    name: str,
+    kind: str,
+    text: str | None,
+    wake_at: float | None,
+    started: float,
+    unflushed: bool = True,
 ) -> tuple[Any, ...]:
-    return (name, kind, text, wake_at, started, job.id, job.worker_id, job.attempts)
+    """_CHECKPOINT's parameters."""
+    return (job.id, job.worker_id, job.attempts, name, kind, text, wake_at, started, unflushed)
 
 
-def _write(
-    connection: BaseDatabaseWrapper, params: tuple[Any, ...], sql: str = _CHECKPOINT
-) -> bool:
+def _write(connection: BaseDatabaseWrapper, params: tuple[Any, ...]) -> bool:
+    """Write a checkpoint on ``connection``; whether the attempt still held the job."""
     with connection.cursor() as cursor:
-        cursor.execute(sql, list(params))
-        return bool(cursor.rowcount == 1)
+        cursor.execute(_CHECKPOINT, list(params))
+        row = cursor.fetchone()
+        return bool(row is not None and row[0])
 
 
 def _write_now(alias: str, job: Job, params: tuple[Any, ...]) -> None:
     """Commit a checkpoint now, whatever transaction the caller is in."""
     connection = connections[alias]
     if not connection.in_atomic_block:
-        _write(connection, params, _CHECKPOINT_NOW)
+        _write(connection, params)
         return
-    if execute_autocommit(alias, _CHECKPOINT_NOW, params):
+    row = fetch_autocommit(alias, _CHECKPOINT, params)
+    if row is not None and row[0]:
         return
     # Not held as the side connection sees the database: either lost (nothing to
     # write), or a job that exists only in the caller's transaction, a test's: the

@@ -284,19 +284,34 @@ def test_the_jobs_page_lists_its_steps_and_a_job_without_steps_has_none(checkout
 
 
 @pytest.mark.django_db
-def test_a_plain_checkpoints_commit_does_not_wait_for_the_disk():
+@pytest.mark.parametrize(("unflushed", "setting"), [(True, "off"), (False, "on")])
+def test_a_plain_checkpoints_commit_does_not_wait_for_the_disk(unflushed, setting):
     # Plain steps are at least once: their checkpoint's own transaction commits with
     # synchronous_commit off (the job's outcome, committed after it, waits for the disk).
-    # Read here inside the test's transaction, where the statement's setting stays.
+    # An atomic step's is written in the caller's transaction, whose commit it leaves as
+    # it was. Read here inside the test's transaction, where the function's setting stays.
     from django_pgqueue import steps
 
     held = enqueue("tests.noop")
     Job.objects.filter(pk=held.pk).update(status="running", worker_id="w", attempts=1)
+    held.refresh_from_db()
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL synchronous_commit = on")
-        cursor.execute(
-            steps._CHECKPOINT_NOW, ["only", "step", "null", None, time.time(), held.pk, "w", 1]
-        )
-        assert cursor.rowcount == 1
+        params = steps._params(held, "only", "step", "null", None, time.time(), unflushed)
+        assert steps._write(connection, params)
         cursor.execute("SHOW synchronous_commit")
-        assert cursor.fetchone()[0] == "off"
+        assert cursor.fetchone()[0] == setting
+    assert JobStep.objects.get(job=held).name == "only"
+
+
+@pytest.mark.django_db
+def test_no_checkpoint_is_written_for_an_attempt_that_lost_its_job():
+    from django_pgqueue import steps
+
+    held = enqueue("tests.noop")
+    Job.objects.filter(pk=held.pk).update(status="running", worker_id="w", attempts=2)
+    held.refresh_from_db()
+    for worker_id, attempts in (("other", 2), ("w", 1)):
+        held.worker_id, held.attempts = worker_id, attempts
+        assert not steps._write(connection, steps._params(held, "s", "step", "1", None, 0.0))
+    assert not JobStep.objects.filter(job=held).exists()
