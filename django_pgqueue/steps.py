@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -52,9 +53,9 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 _CHECKPOINTS = """
-SELECT name, result::text, kind, extract(epoch FROM wake_at)
+SELECT job_id, name, result::text, kind, extract(epoch FROM wake_at)
   FROM pgqueue_job_steps
- WHERE job_id = %s
+ WHERE job_id = ANY(%s)
 """
 
 # Only while the same attempt holds the job: a worker that lost it writes nothing.
@@ -227,19 +228,66 @@ _KIND_NAMES = {"step": "step", "sleep": "sleep", "event": "wait for an event"}
 
 
 def _checkpoints(job: Job, alias: str) -> dict[str, Checkpoint]:
-    """The job's checkpoints by name, read once per attempt."""
+    """The job's checkpoints by name, read once per attempt (with those of its batch,
+    when the worker claimed it in one: ``share_reads()``)."""
     cached: dict[str, Checkpoint] | None = job.__dict__.get("_steps_stored")
     if cached is None:
         cached = {}
         if job._store_steps:
-            with connections[alias].cursor() as cursor:
-                cursor.execute(_CHECKPOINTS, [job.id])
-                cached = {
-                    name: Checkpoint(result, kind, None if wake is None else float(wake))
-                    for name, result, kind, wake in cursor.fetchall()
-                }
+            batch: BatchReads | None = job.__dict__.get("_steps_batch")
+            if batch is None:
+                cached = _read_checkpoints([job.id], alias).get(job.id, {})
+            else:
+                cached = batch.take(job.id, alias)
         job.__dict__["_steps_stored"] = cached
     return cached
+
+
+def _read_checkpoints(job_ids: list[Any], alias: str) -> dict[Any, dict[str, Checkpoint]]:
+    found: dict[Any, dict[str, Checkpoint]] = {}
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_CHECKPOINTS, [job_ids])
+        for job_id, name, result, kind, wake in cursor.fetchall():
+            wake_at = None if wake is None else float(wake)
+            found.setdefault(job_id, {})[name] = Checkpoint(result, kind, wake_at)
+    return found
+
+
+class BatchReads:
+    """The checkpoints of the jobs of one claim, read in one query when the first of
+    them reaches a step, a sleep or a wait: a batch of jobs that resume (woken waits,
+    retries) reads once instead of once a job.
+
+    A job's checkpoints change only through the attempt that holds it, with two
+    exceptions that a read made a little earlier does not miss: an event emitted for
+    its wait (``wait_for_event()`` asks ``pgqueue_await_event()`` again when the read
+    has no payload), and the admin ending a sleep or a wait (it makes the job due again
+    if it was already claimed, and the next attempt reads afresh).
+    """
+
+    def __init__(self, job_ids: list[Any]) -> None:
+        self._job_ids = job_ids
+        self._lock = threading.Lock()
+        self._read: dict[Any, dict[str, Checkpoint]] | None = None
+
+    def __reduce__(self) -> tuple[type[BatchReads], tuple[list[Any]]]:
+        # A job sent to a child process (isolation="process") reads its own there.
+        return (BatchReads, ([],))
+
+    def take(self, job_id: Any, alias: str) -> dict[str, Checkpoint]:
+        """The checkpoints of ``job_id``, read with the batch's the first time."""
+        with self._lock:
+            if self._read is None:
+                self._read = _read_checkpoints(self._job_ids or [job_id], alias)
+            return self._read.pop(job_id, {})
+
+
+def share_reads(jobs: list[Job]) -> None:
+    """Have the jobs of one claim read their checkpoints together (``BatchReads``)."""
+    if len(jobs) > 1:
+        batch = BatchReads([job.id for job in jobs])
+        for job in jobs:
+            job.__dict__["_steps_batch"] = batch
 
 
 def _result_json(value: Any) -> str:

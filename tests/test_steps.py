@@ -315,3 +315,31 @@ def test_no_checkpoint_is_written_for_an_attempt_that_lost_its_job():
         held.worker_id, held.attempts = worker_id, attempts
         assert not steps._write(connection, steps._params(held, "s", "step", "1", None, 0.0))
     assert not JobStep.objects.filter(job=held).exists()
+
+
+@pytest.mark.django_db
+def test_the_jobs_of_one_claim_read_their_checkpoints_in_one_query():
+    import pickle
+
+    from django.test.utils import CaptureQueriesContext
+
+    from django_pgqueue import steps
+
+    jobs = [enqueue("tests.noop") for _ in range(3)]
+    Job.objects.filter(pk__in=[j.pk for j in jobs]).update(
+        status="running", worker_id="w", attempts=1
+    )
+    for held in jobs:
+        held.refresh_from_db()
+    for number, held in enumerate(jobs[:2]):
+        steps._write(connection, steps._params(held, "charge", "step", str(number), None, 0.0))
+    steps.share_reads(jobs)
+    with CaptureQueriesContext(connection) as queries:
+        results = [held.step("charge", lambda: "ran") for held in jobs]
+        assert results == [0, 1, "ran"]
+    reads = [query for query in queries if "FROM pgqueue_job_steps" in query["sql"]]
+    assert len(reads) == 1
+    # A job sent to a child process reads its own checkpoints there.
+    fresh = Job.objects.get(pk=jobs[1].pk)
+    fresh.__dict__["_steps_batch"] = pickle.loads(pickle.dumps(jobs[1].__dict__["_steps_batch"]))
+    assert fresh.step("charge", lambda: "ran") == 1

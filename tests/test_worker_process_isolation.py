@@ -13,7 +13,8 @@ from django.db.models.functions import Now
 
 from django_pgqueue import enqueue, enqueue_many, job
 from django_pgqueue.exceptions import InvalidWorkerOptionError, JobRegistrationError
-from django_pgqueue.models import Job, JobStatus
+from django_pgqueue.models import Job, JobStatus, JobStep
+from django_pgqueue.options import JobSpec
 from django_pgqueue.worker import Worker, process_slots
 from tests.testapp import process_jobs
 from tests.workers import wait_for, worker_thread
@@ -50,6 +51,19 @@ def test_a_process_isolated_handler_runs_in_a_child_process():
     ran = refreshed(ran)
     assert ran.status == JobStatus.COMPLETED
     assert isinstance(ran.result, int) and ran.result != os.getpid()
+
+
+def test_steps_in_a_child_process_run_once_across_attempts():
+    jobs = enqueue_many([JobSpec(job_type="tests.process.steps") for _ in range(3)])
+
+    run_burst(process_concurrency=1)
+    Job.objects.filter(status=JobStatus.PENDING).update(run_at=Now())  # the retries
+    run_burst(process_concurrency=1)
+
+    for ran in map(refreshed, jobs):
+        assert (ran.status, ran.attempts) == (JobStatus.COMPLETED, 2)
+        # The second attempt's child answered the step from the first one's checkpoint.
+        assert ran.result == JobStep.objects.get(job=ran, name="pid").result != os.getpid()
 
 
 def test_a_handler_hanging_past_its_timeout_is_killed_and_the_worker_goes_on():

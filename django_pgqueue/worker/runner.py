@@ -31,6 +31,7 @@ from ..inserts import NOTIFY_COALESCE_SECONDS
 from ..logfields import fields, job_fields
 from ..models import Job
 from ..sideconn import open_raw_connection
+from ..steps import share_reads
 from . import queries
 from .adapters import Float8Array, UUIDArray, adapt_worker_connection
 from .async_slots import AsyncSlots
@@ -680,6 +681,7 @@ class Worker:
         if claim is None:
             return [], asked
         jobs, undecodable = claimed_jobs(claim, self.using)
+        share_reads(jobs)
         if undecodable:
             self._outcomes.extend(undecodable)
             self._wake.set()  # record their failures now, not after a poll interval

@@ -69,6 +69,15 @@ def durable_process(job):
     _record_execution(job)
 
 
+def steps(job):
+    """A step in a child process: its first attempt fails after the step, the second
+    returns the step's stored result (the first child's pid)."""
+    first = job.step("pid", os.getpid)
+    if job.attempts == 1:
+        raise RuntimeError("fails after its step")
+    return first
+
+
 def register():
     job("tests.process.pid", isolation="process")(pid)
     job("tests.process.plain_pid")(pid)  # no isolation: in a thread, but with --pool process
@@ -80,6 +89,7 @@ def register():
     job("tests.process.killed", isolation="process", max_attempts=1)(killed)
     job("tests.process.allocates", isolation="process")(allocates)
     job("tests.process.hogs", isolation="process", max_attempts=1)(hogs)
+    job("tests.process.steps", isolation="process", max_attempts=2, retry_backoff=NO_BACKOFF)(steps)
     job("tests.durable_process", isolation="process", max_attempts=50, retry_backoff=NO_BACKOFF)(
         durable_process
     )
