@@ -37,6 +37,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
+import psycopg
 from asgiref.sync import sync_to_async
 from django.db import connections, transaction
 
@@ -309,9 +310,13 @@ def _params(
 
 def _write(connection: BaseDatabaseWrapper, params: tuple[Any, ...]) -> bool:
     """Write a checkpoint on ``connection``; whether the attempt still held the job."""
-    with connection.cursor() as cursor:
-        cursor.execute(_CHECKPOINT, list(params))
-        row = cursor.fetchone()
+    connection.ensure_connection()
+    with connection.wrap_database_errors:
+        row = (
+            psycopg.Cursor(connection.connection)
+            .execute(_CHECKPOINT, params, prepare=False)
+            .fetchone()
+        )
         return bool(row is not None and row[0])
 
 
