@@ -1,11 +1,11 @@
 """Durable steps, sleeps and waits: their cost per step, at idle, and to wake.
 
     python bench/durable.py [--sleepers N] [--wake N] [--steps-jobs N] [--runs N]
-        [--database-url URL]
+        [--concurrency N] [--database-url URL]
 
 On a fresh database (migrated here) of a durable server started as bench/run.py starts
 its own (``fsync`` and ``synchronous_commit`` on), or of ``--database-url``, with one
-``pgqueue_worker --concurrency 4``:
+``pgqueue_worker --concurrency 4`` (or ``--concurrency``):
 
 1. Idle: the worker runs idle with no job, then beside ``--sleepers`` suspended jobs
    (half in ``job.sleep()``, half in ``job.wait_for_event()``, written in SQL as a worker
@@ -74,6 +74,9 @@ from django_pgqueue.worker import queries  # noqa: E402
 
 MEASURE_SECONDS = 10.0
 SETTLE_SECONDS = 3.0
+#: Before the first figures: a worker opens the connection of its periodic work (rate
+#: limits, recovery) at that work's first round, 10 s after it starts.
+WARM_UP_SECONDS = 12.0
 
 _SUSPENDED = """
 WITH jobs AS (
@@ -124,8 +127,8 @@ def idle_claim_ms(rounds: int = 40) -> float:
     return statistics.median(times)
 
 
-def measure_idle(label: str) -> dict[str, Any]:
-    time.sleep(SETTLE_SECONDS)
+def measure_idle(label: str, settle: float = SETTLE_SECONDS) -> dict[str, Any]:
+    time.sleep(settle)
     commits, connections = database_figures()
     time.sleep(MEASURE_SECONDS)
     after, _ = database_figures()
@@ -199,6 +202,13 @@ def main() -> int:
     parser.add_argument("--steps-jobs", type=int, default=2_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=4,
+        help="the worker's threads (default 4): a step waits on a round trip, a no-op "
+        "job on nothing, so more threads speed the steps up and not the no-op jobs",
+    )
+    parser.add_argument(
         "--database-url",
         help="a server to run on (a fresh database is made there); default: a durable "
         "server started as bench/run.py starts its own",
@@ -208,14 +218,14 @@ def main() -> int:
     with connection.cursor() as cursor:
         cursor.execute("TRUNCATE pgqueue_jobs, pgqueue_emitted_events CASCADE")
     worker = subprocess.Popen(
-        [sys.executable, "-m", "django", "pgqueue_worker", "--concurrency", "4"],
+        [sys.executable, "-m", "django", "pgqueue_worker", "--concurrency", str(args.concurrency)],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     try:
-        rows = [measure_idle("idle worker, no job")]
+        rows = [measure_idle("idle worker, no job", settle=WARM_UP_SECONDS)]
         with connection.cursor() as cursor:
             cursor.execute(_SUSPENDED, [args.sleepers])
             cursor.execute("VACUUM ANALYZE pgqueue_jobs")
@@ -245,6 +255,8 @@ def main() -> int:
         worker.terminate()
         worker.wait(timeout=60)
 
+    print(f"One worker of {args.concurrency} threads.")
+    print()
     print(steps_line)
     print()
     print("| case | commits/s | connections | idle claim (ms) |")
