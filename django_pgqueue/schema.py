@@ -119,6 +119,33 @@ def status_in(states: JobStatus | Iterable[str], column: str = "status") -> str:
     return f"{column} IN ({', '.join(map(literal, members))})"
 
 
+class StepKind(models.TextChoices):
+    """What a checkpoint of a job records (the ``kind`` of ``pgqueue_job_steps``): a
+    step's result, a sleep, or a wait for an event.
+
+    Also ``django_pgqueue.models.StepKind``.
+    """
+
+    STEP = "step", _("Step")
+    SLEEP = "sleep", _("Sleep")
+    EVENT = "event", _("Wait for an event")
+
+
+def open_wait(table: str = "") -> str:
+    """The SQL predicate "this checkpoint is a sleep or a wait for an event that is not
+    over", whose job is suspended in it: a sleep before its end, a wait not received
+    and not timed out. The one statement of that rule (the admin's job page,
+    ``end_waits()``). ``table`` qualifies the columns (``"s"``: ``s.kind``).
+    """
+    at = f"{table}." if table else ""
+    sleep, event = StepKind.SLEEP.value, StepKind.EVENT.value
+    return (
+        f"CASE {at}kind WHEN '{sleep}' THEN {at}wake_at > now() "
+        f"WHEN '{event}' THEN {at}result IS NULL AND ({at}wake_at IS NULL OR {at}wake_at > now()) "
+        "ELSE false END"
+    )
+
+
 class OnDependencyFailure(models.TextChoices):
     """What becomes of a job when a job it depends on fails for good or is cancelled.
 

@@ -43,7 +43,7 @@ from django.db import connections, transaction
 
 from . import conf, validation
 from .exceptions import EventTimeout, JobSuspended, StepError
-from .schema import IN_FLIGHT, MAX_DELAY_SECONDS
+from .schema import IN_FLIGHT, MAX_DELAY_SECONDS, StepKind
 from .sideconn import fetch_autocommit
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ def run_step(
     """``job.step()``: the stored result of step ``name``, or ``func(*args, **kwargs)``'s
     once its checkpoint is written."""
     name = validation.step_name(name)
-    alias, stored = _begin(job, name, "step")
+    alias, stored = _begin(job, name, StepKind.STEP)
     if stored is not None:
         assert stored.result is not None
         return json.loads(stored.result)
@@ -103,7 +103,7 @@ def run_step(
     if atomic:
         with transaction.atomic(using=alias):
             text = _result_json(func(*args, **kwargs))
-            params = _params(job, name, "step", text, None, started, unflushed=False)
+            params = _params(job, name, StepKind.STEP, text, None, started, unflushed=False)
             if job._store_steps and not _write(connections[alias], params):
                 raise StepError(
                     f"job {job.id} is no longer held by this attempt (it was recovered or "
@@ -112,8 +112,8 @@ def run_step(
     else:
         text = _result_json(func(*args, **kwargs))
         if job._store_steps:
-            _write_now(alias, job, _params(job, name, "step", text, None, started))
-    _checkpoints(job, alias)[name] = Checkpoint(text, "step", None)
+            _write_now(alias, job, _params(job, name, StepKind.STEP, text, None, started))
+    _checkpoints(job, alias)[name] = Checkpoint(text, StepKind.STEP, None)
     return json.loads(text)
 
 
@@ -131,15 +131,17 @@ async def arun_step(
             "the function sync, or the step not atomic"
         )
     name = validation.step_name(name)
-    alias, stored = await sync_to_async(_begin)(job, name, "step")
+    alias, stored = await sync_to_async(_begin)(job, name, StepKind.STEP)
     if stored is not None:
         assert stored.result is not None
         return json.loads(stored.result)
     started = time.time()
     text = _result_json(await func(*args, **kwargs))
     if job._store_steps:
-        await sync_to_async(_write_now)(alias, job, _params(job, name, "step", text, None, started))
-    _checkpoints(job, alias)[name] = Checkpoint(text, "step", None)
+        await sync_to_async(_write_now)(
+            alias, job, _params(job, name, StepKind.STEP, text, None, started)
+        )
+    _checkpoints(job, alias)[name] = Checkpoint(text, StepKind.STEP, None)
     return json.loads(text)
 
 
@@ -148,17 +150,17 @@ def sleep(job: Job, name: str, duration: float | timedelta) -> None:
     raise ``JobSuspended`` to suspend the job until it ends."""
     name = validation.step_name(name)
     seconds = validation.delay(duration, "duration")
-    alias, stored = _begin(job, name, "sleep")
+    alias, stored = _begin(job, name, StepKind.SLEEP)
     now = time.time()
     if stored is None:
-        stored = Checkpoint(None, "sleep", now + seconds)
+        stored = Checkpoint(None, StepKind.SLEEP, now + seconds)
         if job._store_steps:
-            _write_now(alias, job, _params(job, name, "sleep", None, stored.wake_at, now))
+            _write_now(alias, job, _params(job, name, StepKind.SLEEP, None, stored.wake_at, now))
         _checkpoints(job, alias)[name] = stored
     assert stored.wake_at is not None
     left = stored.wake_at - now
     if left > _CLOCK_SLACK:
-        raise JobSuspended("sleep", name, left)
+        raise JobSuspended(StepKind.SLEEP, name, left)
 
 
 def wait_for_event(job: Job, name: str, timeout: float | timedelta | None) -> Any:
@@ -166,7 +168,7 @@ def wait_for_event(job: Job, name: str, timeout: float | timedelta | None) -> An
     until then ``JobSuspended``, and ``EventTimeout`` once ``timeout`` has passed."""
     name = validation.event_name(name)
     seconds = None if timeout is None else validation.delay(timeout, "timeout")
-    alias, stored = _begin(job, name, "event")
+    alias, stored = _begin(job, name, StepKind.EVENT)
     if stored is not None and stored.result is not None:
         return json.loads(stored.result)
     now = time.time()
@@ -187,14 +189,14 @@ def wait_for_event(job: Job, name: str, timeout: float | timedelta | None) -> An
             cursor.execute(_EMITTED, [name])
             found = cursor.fetchone()
         result = None if found is None else found[0]
-    _checkpoints(job, alias)[name] = Checkpoint(result, "event", wake_at)
+    _checkpoints(job, alias)[name] = Checkpoint(result, StepKind.EVENT, wake_at)
     if result is not None:
         return json.loads(result)
     if wake_at is None:
-        raise JobSuspended("event", name, MAX_DELAY_SECONDS)
+        raise JobSuspended(StepKind.EVENT, name, MAX_DELAY_SECONDS)
     left = wake_at - now
     if left > _CLOCK_SLACK:
-        raise JobSuspended("event", name, left)
+        raise JobSuspended(StepKind.EVENT, name, left)
     raise EventTimeout(
         name, f"job {job.id} waited for event {name!r} until its timeout, and it was not emitted"
     )
@@ -225,7 +227,11 @@ def _begin(job: Job, name: str, kind: str) -> tuple[str, Checkpoint | None]:
     return alias, stored
 
 
-_KIND_NAMES = {"step": "step", "sleep": "sleep", "event": "wait for an event"}
+_KIND_NAMES: dict[str, str] = {
+    StepKind.STEP: "step",
+    StepKind.SLEEP: "sleep",
+    StepKind.EVENT: "wait for an event",
+}
 
 
 def _checkpoints(job: Job, alias: str) -> dict[str, Checkpoint]:

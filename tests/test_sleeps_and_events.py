@@ -551,3 +551,41 @@ def test_view_only_staff_see_no_rerun_form_and_cannot_post_it(three_steps, staff
     url = reverse("admin:django_pgqueue_job_action", args=[failed.pk, "rerun-from"])
     assert viewer.post(url, {"step": "one"}).status_code == 403
     assert JobStep.objects.filter(job=failed).count() == 3
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("kind", "result", "wake_in", "is_open"),
+    [
+        ("sleep", None, 60, True),
+        ("sleep", None, -60, False),
+        ("event", None, None, True),
+        ("event", None, 60, True),
+        ("event", None, -60, False),  # timed out
+        ("event", {"paid": True}, 60, False),  # received
+        ("step", 1, None, False),
+    ],
+)
+def test_an_open_wait_is_a_sleep_before_its_end_or_a_wait_not_received_nor_timed_out(
+    kind, result, wake_in, is_open
+):
+    # schema.open_wait(): the one rule the job page and end_waits() share.
+    from django_pgqueue.admin.attempts import current_wait
+    from django_pgqueue.schema import open_wait
+
+    suspended = enqueue("tests.noop")
+    wake_at = None if wake_in is None else timezone.now() + timedelta(seconds=wake_in)
+    step = JobStep.objects.create(
+        job=suspended,
+        name="n",
+        kind=kind,
+        attempt=1,
+        result=result,
+        wake_at=wake_at,
+        started_at=timezone.now(),
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {open_wait()} FROM pgqueue_job_steps WHERE id = %s", [step.pk])
+        assert cursor.fetchone()[0] is is_open
+    assert (current_wait(suspended) == step) is is_open
+    assert (Job.objects.filter(pk=suspended.pk).end_waits() == 1) is is_open

@@ -9,11 +9,12 @@ from datetime import datetime
 from typing import Any
 
 from django.db.models import BooleanField, ExpressionWrapper, Q
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from ..models import AttemptOutcome, Job, JobAttempt, JobStep, StepKind
-from ..schema import JobStatus
+from ..schema import JobStatus, open_wait
 from .formatting import display_datetime, short_duration
 
 #: The most recent attempts shown; older ones are counted.
@@ -132,13 +133,14 @@ def _state(step: JobStep, now: datetime) -> str:
 
 
 def current_wait(job: Job) -> JobStep | None:
-    """The sleep or wait ``job`` is suspended in now, if any: the newest one not over."""
-    now = timezone.now()
-    sleeping = Q(kind=StepKind.SLEEP, wake_at__gt=now)
-    waiting = Q(kind=StepKind.EVENT, result__isnull=True) & (
-        Q(wake_at__isnull=True) | Q(wake_at__gt=now)
-    )
-    return JobStep.objects.filter(sleeping | waiting, job_id=job.pk).order_by("-id").first()
+    """The sleep or wait ``job`` is suspended in now, if any: the newest one not over
+    (``schema.open_wait()``). Read once per ``job`` object: the job page asks twice."""
+    if "_current_wait" not in job.__dict__:
+        is_open = ExpressionWrapper(RawSQL(open_wait(), ()), output_field=BooleanField())
+        found = JobStep.objects.filter(is_open, job_id=job.pk).order_by("-id").first()
+        job.__dict__["_current_wait"] = found
+    step: JobStep | None = job.__dict__["_current_wait"]
+    return step
 
 
 def wait_summary(job: Job) -> str:

@@ -3,6 +3,7 @@ workflow steps, and the tables of running the queue."""
 
 # The states live in schema (with their sets); importable from here too, beside the model.
 from ..schema import JobStatus as JobStatus
+from ..schema import StepKind as StepKind
 from .attempts import AttemptOutcome, JobAttempt
 from .base import JobsDatabaseManager as JobsDatabaseManager
 from .base import JobsDatabaseModel as JobsDatabaseModel
@@ -23,7 +24,7 @@ from .operations import (
 from .operations import (
     RateLimitScope as RateLimitScope,
 )
-from .steps import EmittedEvent, JobStep, StepKind
+from .steps import EmittedEvent, JobStep
 from .transitions import JobQuerySet
 from .transitions import notify_queues as notify_queues
 

@@ -7,16 +7,9 @@ from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
 from .. import schema
+from ..schema import StepKind
 from .base import JobsDatabaseModel
 from .jobs import Job
-
-
-class StepKind(models.TextChoices):
-    """What a checkpoint records: a step's result, a sleep, or a wait for an event."""
-
-    STEP = "step", _("Step")
-    SLEEP = "sleep", _("Sleep")
-    EVENT = "event", _("Wait for an event")
 
 
 class JobStep(JobsDatabaseModel):

@@ -14,7 +14,7 @@ from .. import conf
 from ..due import not_yet_due_q
 from ..exceptions import PgQueueError
 from ..held import release_keys
-from ..schema import ACTIVE, CANCELLABLE, IN_FLIGHT, RETRYABLE, JobStatus, literal
+from ..schema import ACTIVE, CANCELLABLE, IN_FLIGHT, RETRYABLE, JobStatus, literal, open_wait
 from .dependencies import JobWait
 
 if TYPE_CHECKING:
@@ -192,9 +192,7 @@ WITH ended AS (
 UPDATE pgqueue_job_steps AS s
    SET wake_at = now()
  WHERE s.job_id = ANY (%s::uuid[])
-   AND CASE s.kind WHEN 'sleep' THEN s.wake_at > now()
-                   WHEN 'event' THEN s.result IS NULL AND (s.wake_at IS NULL OR s.wake_at > now())
-                   ELSE false END
+   AND {open_wait("s")}
 RETURNING s.job_id
 )
 UPDATE pgqueue_jobs AS j
