@@ -387,6 +387,35 @@ def test_stale_running_job_returns_to_pending_keeping_its_attempt(make_job, long
     assert stale.completed_at is None
 
 
+def test_recovered_running_jobs_are_due_after_a_spread_delay_of_up_to_2_to_the_attempts(
+    make_job, long_ago
+):
+    # The jobs of a dead worker, recovered together and due together, were claimed
+    # together again: a job that kills its worker took the same batch-mates with it on
+    # every attempt (tests/faults/test_poison_job.py). A claimed job ran no code: due at
+    # once (the first test above).
+    def lost(attempts):
+        return make_job(
+            status="running",
+            worker_id="w-dead",
+            attempts=attempts,
+            max_attempts=20,
+            claimed_at=long_ago,
+            heartbeat_at=long_ago,
+        )
+
+    second_attempts = [lost(2) for _ in range(20)]
+    twelfth_attempt = lost(12)
+
+    recover(timedelta(minutes=1))
+
+    now = db_now()
+    delays = [(Job.objects.get(pk=j.pk).run_at - now).total_seconds() for j in second_attempts]
+    assert all(0 <= delay <= 4 for delay in delays), delays  # 2^2 seconds
+    assert len({round(delay, 3) for delay in delays}) > 10  # spread, not one moment
+    assert 0 <= (Job.objects.get(pk=twelfth_attempt.pk).run_at - now).total_seconds() <= 60
+
+
 def test_stale_running_job_with_no_attempts_left_fails_naming_the_worker(make_job, long_ago):
     stale = make_job(
         status="running",

@@ -4,12 +4,15 @@ spends one attempt, counted by recovery, and once its attempts are spent recover
 it with the reason, while the other jobs keep flowing through the restarted workers.
 
 A job running beside it when it kills the process dies with it and spends an attempt
-too. Recovered together, the two are often claimed together again, and a batch-mate can
-die with the poison in each of its attempts and fail with it (3 attempts, the default;
-it happened in 2 runs of 3). Such jobs are counted (``collateral_failed``): each failed
+too. Recovery makes the jobs of a dead worker due after a random delay each
+(recover_stale_jobs_v3.sql), so that they are seldom claimed together again: without
+it, a batch-mate died with the poison in each of its attempts and failed with it in
+most runs; with it, in about one run in ten (2 of 19), when a restarted worker's first
+claim found both due. Such jobs are counted (``collateral_failed``): each failed
 visibly, with recovery's reason, having died in every one of its attempts, and there
 are at most as many as the other slots of a worker. Nothing else may fail, and nothing
-may be lost. (Issue 22: keeping batch-mates from sharing the poison's fate is to do.)"""
+may be lost. (Issue 22: a claim that takes at most one job lost with its worker per
+batch would make it none.)"""
 
 from __future__ import annotations
 
