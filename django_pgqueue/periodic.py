@@ -24,7 +24,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from django.db import connections, transaction
-from django.utils import timezone as django_timezone
 
 from . import conf, logfields, registry, validation
 from .cron import Schedule
@@ -71,10 +70,23 @@ def declared_in_code(schedule: Schedule) -> bool:
     return definition is not None and definition.schedule is not None
 
 
-def next_tick(now: datetime | None = None) -> datetime | None:
-    """The earliest tick after ``now`` over all schedules (``None``: no schedule)."""
-    now = now or django_timezone.now()
-    return min((schedule.next_tick(now) for schedule in schedules()), default=None)
+def next_tick(now: datetime | None = None, using: str | None = None) -> datetime | None:
+    """The earliest tick after ``now`` (default: the jobs database's clock) over all
+    schedules (``None``: no schedule)."""
+    found = schedules()
+    if not found:
+        return None
+    now = now or database_now(conf.jobs_database(using))
+    return min(schedule.next_tick(now) for schedule in found)
+
+
+def database_now(alias: str) -> datetime:
+    """The time on the clock of the database ``alias``: ticks are due by it, not by the
+    clock of the host that asks, which may run fast or slow."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        now: datetime = cursor.fetchone()[0]
+    return now
 
 
 _STORED = "SELECT name, schedule, last_tick FROM pgqueue_periodic WHERE name = ANY(%s)"
@@ -115,7 +127,8 @@ def enqueue_due_ticks(*, now: datetime | None = None, using: str | None = None) 
     Safe to call from any number of processes at once: each tick is enqueued once. Each
     schedule is handled in its own transaction; a schedule whose job cannot be enqueued
     (say, its job type has no handler) is logged and retried on the next call, and does
-    not stop the others. ``now`` (aware) defaults to this host's clock. Database errors
+    not stop the others. ``now`` (aware) defaults to the jobs database's clock, so that
+    a host whose clock runs fast or slow enqueues no tick early or late. Database errors
     propagate.
 
     The schedules are those of ``@job(schedule=...)`` and
@@ -145,8 +158,8 @@ def enqueue_due_ticks(*, now: datetime | None = None, using: str | None = None) 
     found = schedules()
     if not found:
         return []
-    now = validation.aware_datetime(now, "now") if now is not None else django_timezone.now()
     alias = conf.jobs_database(using)
+    now = validation.aware_datetime(now, "now") if now is not None else database_now(alias)
     connection = connections[alias]
     with connection.cursor() as cursor:
         cursor.execute(_STORED, [[schedule.name for schedule in found]])

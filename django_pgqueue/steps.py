@@ -53,8 +53,10 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+# Every moment a checkpoint holds is the database's, never this host's clock, which may
+# run fast or slow: a sleep's or a wait's end is read as the seconds left until it.
 _CHECKPOINTS = """
-SELECT job_id, name, result::text, kind, extract(epoch FROM wake_at)
+SELECT job_id, name, result::text, kind, extract(epoch FROM wake_at - clock_timestamp())
   FROM pgqueue_job_steps
  WHERE job_id = ANY(%s)
 """
@@ -65,17 +67,26 @@ SELECT job_id, name, result::text, kind, extract(epoch FROM wake_at)
 # may lose the last such checkpoints, which only runs those steps again (plain steps are
 # at least once); the commit of the job's outcome waits for the disk, and with it for
 # every checkpoint written before, so a job never completes without its checkpoints.
+# The end of a sleep is given as seconds from now, its start as seconds ago, both on the
+# database's clock.
 _CHECKPOINT = (
-    "SELECT pgqueue_write_checkpoint"
-    "(%s, %s, %s, %s, %s, %s::jsonb, to_timestamp(%s), to_timestamp(%s), %s)"
+    "SELECT pgqueue_write_checkpoint(%s, %s, %s, %s, %s, %s::jsonb, "
+    "clock_timestamp() + %s * interval '1 second', "
+    "clock_timestamp() - %s * interval '1 second', %s)"
 )
 
-_AWAIT = "SELECT * FROM pgqueue_await_event(%s, %s, %s, %s, to_timestamp(%s), to_timestamp(%s))"
+# The timeout of a new wait is given as seconds from now; returns the wait's payload
+# (NULL: none yet) and the seconds left until it times out (NULL: no timeout).
+_AWAIT = """
+SELECT w.result, extract(epoch FROM w.wake_at - clock_timestamp())
+  FROM pgqueue_await_event(%s, %s, %s, %s, clock_timestamp() + %s * interval '1 second',
+                           clock_timestamp()) AS w
+"""
 
 _EMITTED = "SELECT payload::text FROM pgqueue_emitted_events WHERE name = %s"
 
-#: A sleep or a wait this close to its end when the job runs again is over: the
-#: worker's clock and the database's may differ a little.
+#: A sleep or a wait this close to its end when the job runs again is over: the job is
+#: made due at its end, and claimed a moment before the database's clock passes it.
 _CLOCK_SLACK = 0.05
 
 
@@ -85,8 +96,9 @@ class Checkpoint(NamedTuple):
     #: The result's JSON (a wait's payload); None for a sleep, or a wait still waiting.
     result: str | None
     kind: str
-    #: When a sleep ends or a wait times out, as a Unix time; None for none.
-    wake_at: float | None
+    #: When a sleep ends or a wait times out, as a ``time.monotonic()`` of this process
+    #: (read from the database's clock as the seconds left); None for none.
+    wakes: float | None
 
 
 def run_step(
@@ -99,11 +111,11 @@ def run_step(
     if stored is not None:
         assert stored.result is not None
         return json.loads(stored.result)
-    started = time.time()
+    started = time.monotonic()
     if atomic:
         with transaction.atomic(using=alias):
             text = _result_json(func(*args, **kwargs))
-            params = _params(job, name, StepKind.STEP, text, None, started, unflushed=False)
+            params = _params(job, name, StepKind.STEP, text, None, _since(started), unflushed=False)
             if job._store_steps and not _write(connections[alias], params):
                 raise StepError(
                     f"job {job.id} is no longer held by this attempt (it was recovered or "
@@ -112,7 +124,7 @@ def run_step(
     else:
         text = _result_json(func(*args, **kwargs))
         if job._store_steps:
-            _write_now(alias, job, _params(job, name, StepKind.STEP, text, None, started))
+            _write_now(alias, job, _params(job, name, StepKind.STEP, text, None, _since(started)))
     _checkpoints(job, alias)[name] = Checkpoint(text, StepKind.STEP, None)
     return json.loads(text)
 
@@ -135,11 +147,11 @@ async def arun_step(
     if stored is not None:
         assert stored.result is not None
         return json.loads(stored.result)
-    started = time.time()
+    started = time.monotonic()
     text = _result_json(await func(*args, **kwargs))
     if job._store_steps:
         await sync_to_async(_write_now)(
-            alias, job, _params(job, name, StepKind.STEP, text, None, started)
+            alias, job, _params(job, name, StepKind.STEP, text, None, _since(started))
         )
     _checkpoints(job, alias)[name] = Checkpoint(text, StepKind.STEP, None)
     return json.loads(text)
@@ -151,14 +163,13 @@ def sleep(job: Job, name: str, duration: float | timedelta) -> None:
     name = validation.step_name(name)
     seconds = validation.delay(duration, "duration")
     alias, stored = _begin(job, name, StepKind.SLEEP)
-    now = time.time()
     if stored is None:
-        stored = Checkpoint(None, StepKind.SLEEP, now + seconds)
+        stored = Checkpoint(None, StepKind.SLEEP, time.monotonic() + seconds)
         if job._store_steps:
-            _write_now(alias, job, _params(job, name, StepKind.SLEEP, None, stored.wake_at, now))
+            _write_now(alias, job, _params(job, name, StepKind.SLEEP, None, seconds, 0.0))
         _checkpoints(job, alias)[name] = stored
-    assert stored.wake_at is not None
-    left = stored.wake_at - now
+    assert stored.wakes is not None
+    left = stored.wakes - time.monotonic()
     if left > _CLOCK_SLACK:
         raise JobSuspended(StepKind.SLEEP, name, left)
 
@@ -171,30 +182,30 @@ def wait_for_event(job: Job, name: str, timeout: float | timedelta | None) -> An
     alias, stored = _begin(job, name, StepKind.EVENT)
     if stored is not None and stored.result is not None:
         return json.loads(stored.result)
-    now = time.time()
     # A wait already recorded keeps its timeout; a new one ends ``seconds`` from now.
-    new_end = None if seconds is None else now + seconds
-    wake_at = stored.wake_at if stored is not None else new_end
     if job._store_steps:
-        params = (job.id, job.worker_id, job.attempts, name, wake_at, now)
+        params = (job.id, job.worker_id, job.attempts, name, seconds)
         row = _fetch_now(alias, job, _AWAIT, params)
         if row is None:
             raise StepError(
                 f"job {job.id} is no longer held by this attempt (it was recovered or "
                 f"finished meanwhile): it cannot wait for event {name!r}"
             )
-        result, wake_at = row[0], (row[1].timestamp() if row[1] is not None else None)
+        result = row[0]
+        wakes = None if row[1] is None else time.monotonic() + float(row[1])
     else:  # the test kit's run_job(): nothing is written
         with connections[alias].cursor() as cursor:
             cursor.execute(_EMITTED, [name])
             found = cursor.fetchone()
         result = None if found is None else found[0]
-    _checkpoints(job, alias)[name] = Checkpoint(result, StepKind.EVENT, wake_at)
+        new_end = None if seconds is None else time.monotonic() + seconds
+        wakes = stored.wakes if stored is not None else new_end
+    _checkpoints(job, alias)[name] = Checkpoint(result, StepKind.EVENT, wakes)
     if result is not None:
         return json.loads(result)
-    if wake_at is None:
+    if wakes is None:
         raise JobSuspended(StepKind.EVENT, name, MAX_DELAY_SECONDS)
-    left = wake_at - now
+    left = wakes - time.monotonic()
     if left > _CLOCK_SLACK:
         raise JobSuspended(StepKind.EVENT, name, left)
     raise EventTimeout(
@@ -254,9 +265,11 @@ def _read_checkpoints(job_ids: list[Any], alias: str) -> dict[Any, dict[str, Che
     found: dict[Any, dict[str, Checkpoint]] = {}
     with connections[alias].cursor() as cursor:
         cursor.execute(_CHECKPOINTS, [job_ids])
-        for job_id, name, result, kind, wake in cursor.fetchall():
-            wake_at = None if wake is None else float(wake)
-            found.setdefault(job_id, {})[name] = Checkpoint(result, kind, wake_at)
+        rows = cursor.fetchall()
+    read_at = time.monotonic()
+    for job_id, name, result, kind, left in rows:
+        wakes = None if left is None else read_at + float(left)
+        found.setdefault(job_id, {})[name] = Checkpoint(result, kind, wakes)
     return found
 
 
@@ -306,12 +319,17 @@ def _params(
     name: str,
     kind: str,
     text: str | None,
-    wake_at: float | None,
-    started: float,
+    wake_in: float | None,
+    started_ago: float,
     unflushed: bool = True,
 ) -> tuple[Any, ...]:
-    """_CHECKPOINT's parameters."""
-    return (job.id, job.worker_id, job.attempts, name, kind, text, wake_at, started, unflushed)
+    """_CHECKPOINT's parameters: ``wake_in``, a sleep's seconds from now; ``started_ago``,
+    the seconds since the step's function was called."""
+    return (job.id, job.worker_id, job.attempts, name, kind, text, wake_in, started_ago, unflushed)
+
+
+def _since(started: float) -> float:
+    return time.monotonic() - started
 
 
 def _write(connection: BaseDatabaseWrapper, params: tuple[Any, ...]) -> bool:

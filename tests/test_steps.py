@@ -297,7 +297,7 @@ def test_a_plain_checkpoints_commit_does_not_wait_for_the_disk(unflushed, settin
     held.refresh_from_db()
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL synchronous_commit = on")
-        params = steps._params(held, "only", "step", "null", None, time.time(), unflushed)
+        params = steps._params(held, "only", "step", "null", None, 0.0, unflushed)
         assert steps._write(connection, params)
         cursor.execute("SHOW synchronous_commit")
         assert cursor.fetchone()[0] == setting

@@ -12,12 +12,11 @@ from collections.abc import Callable
 from typing import Any
 
 from django.db import DatabaseError, connections
-from django.utils import timezone
 
 from ..exceptions import PgQueueError
 from ..horizon import HorizonWatch
 from ..logfields import job_fields
-from ..periodic import enqueue_due_ticks, next_tick
+from ..periodic import database_now, enqueue_due_ticks, next_tick, schedules
 from ..pruning import prune_by_settings, prune_events_by_settings
 from ..rate_limits import prune_rate_starts
 from ..recovery import recover_stale_jobs, release_held_jobs
@@ -95,13 +94,17 @@ class Heartbeat(threading.Thread):
     def _enqueue_periodic_jobs(self) -> float:
         """Enqueue due ticks of periodic jobs; return when to do it next.
 
-        Next is the earliest upcoming tick by this host's clock, so ticks are enqueued on
-        time, but never later than one interval away: a clock stepped by NTP, or a tick
-        that could not be enqueued, is caught up within an interval. Never raises.
+        Next is the earliest upcoming tick by the database's clock (this host's may run
+        fast or slow), so ticks are enqueued on time, but never later than one interval
+        away: a tick that could not be enqueued is caught up within an interval. Never
+        raises.
         """
         try:
-            enqueue_due_ticks(using=self._alias)
-            upcoming = next_tick()
+            if not schedules():
+                return time.monotonic() + self._interval
+            now = database_now(self._alias)
+            enqueue_due_ticks(now=now, using=self._alias)
+            upcoming = next_tick(now)
         except DatabaseError as exc:
             logger.warning(
                 "periodic jobs: could not enqueue due ticks (%s); retrying in %.1fs",
@@ -119,7 +122,7 @@ class Heartbeat(threading.Thread):
             return time.monotonic() + self._interval
         wait = self._interval
         if upcoming is not None:
-            wait = min(wait, max((upcoming - timezone.now()).total_seconds(), 0.0))
+            wait = min(wait, max((upcoming - now).total_seconds(), 0.0))
         return time.monotonic() + wait
 
     def beat(self) -> None:

@@ -104,6 +104,23 @@ def sleeper(job):
     time.sleep(job.data.get("sleep", 5))
 
 
+@job("tests.naps", atomic=False)
+def naps(job):
+    """A durable sleep of ``data["sleep"]`` seconds (tests/faults/test_clock_skew.py)."""
+    job.sleep("nap", job.data["sleep"])
+    return "rested"
+
+
+@job("tests.db_sleeps", atomic=False)
+def db_sleeps(job):
+    """Wait ``data["sleep"]`` seconds in the database (``pg_sleep``), not in Python:
+    under libfaketime, Python's ``time.sleep`` fails (tests/faults/test_clock_skew.py)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_sleep(%s)", [job.data["sleep"]])
+
+
 @job("tests.cancellable")
 def cancellable(job):
     deadline = time.monotonic() + job.data.get("max_seconds", 10)

@@ -8,11 +8,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
-from django.utils import timezone
 
 from django_pgqueue import conf
 from django_pgqueue.exceptions import PgQueueError
-from django_pgqueue.periodic import enqueue_due_ticks, schedules
+from django_pgqueue.periodic import database_now, enqueue_due_ticks, schedules
 
 _STORED = "SELECT name, schedule, last_tick, last_job_id FROM pgqueue_periodic ORDER BY name"
 _FORGET = "DELETE FROM pgqueue_periodic WHERE NOT (name = ANY(%s)) RETURNING name"
@@ -73,7 +72,7 @@ class Command(BaseCommand):
                     self.stdout.write(f"forgot {name}")
             cursor.execute(_STORED)
             stored = {row[0]: row[1:] for row in cursor.fetchall()}
-        now = timezone.now()
+        now = database_now(alias)
         for schedule in declared:
             signature, last_tick, last_job_id = stored.get(schedule.name, (None, None, None))
             if signature is not None and signature != schedule.signature:
