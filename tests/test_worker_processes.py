@@ -3,6 +3,7 @@
 import multiprocessing
 import signal
 import subprocess
+import time
 from datetime import timedelta
 from io import StringIO
 
@@ -282,3 +283,32 @@ def test_sigterm_with_threads_the_event_loop_and_child_processes_running(workers
 def _processes_running(pattern: str) -> list[str]:
     found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
     return found.stdout.split()
+
+
+def test_a_worker_holds_concurrency_plus_three_connections_as_the_docs_say():
+    # docs/how-to/production.md, "Size the database connections": the main loop, the
+    # listener, the heartbeat thread and one per slot whose handler used the database.
+    import json
+
+    from django.db import connection
+
+    def backends():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                "AND backend_type = 'client backend'"
+            )
+            return {pid for (pid,) in cursor.fetchall()}
+
+    before = backends()
+    for _ in range(3):
+        enqueue("tests.db_sleeps", {"sleep": 4})
+    settings = json.dumps({"HEARTBEAT_INTERVAL": 0.3})
+    worker = WorkerProcess("--concurrency", "3", env={"PGQUEUE_TEST_SETTINGS": settings})
+    try:
+        wait_for(lambda: Job.objects.filter(status=JobStatus.RUNNING).count() == 3, timeout=20)
+        wait_for(lambda: len(backends() - before) >= 3 + 3, timeout=10)
+        time.sleep(1.0)  # nothing more opens while the jobs run
+        assert len(backends() - before) == 3 + 3, worker.output()[-2000:]
+    finally:
+        worker.stop()

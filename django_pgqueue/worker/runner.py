@@ -452,7 +452,7 @@ class Worker:
     def _sync_limits(self) -> None:
         """Write the declared concurrency and rate limits, which ``claim_job_batch``
         enforces."""
-        from django.db import DatabaseError
+        from django.db import DatabaseError, connections
 
         from ..limits import sync_declared_limits
         from ..rate_limits import sync_declared_rate_limits
@@ -465,6 +465,12 @@ class Worker:
         except (DatabaseError, psycopg.Error) as exc:
             # The limits stored by an earlier worker still apply: keep running.
             logger.error("could not write the declared limits (%s)", exc)
+        # They were written on this thread's Django connection, which the main loop does
+        # not use again (it has its own, _db()): close it rather than hold it idle. Not
+        # inside a transaction (a test running a worker in its own thread).
+        connection = connections[self.using]
+        if not connection.in_atomic_block:
+            connection.close()
 
     def _check_release_channel(self) -> None:
         """Warn when the database notifies released workflow steps on another channel
