@@ -7,6 +7,7 @@ nothing of the queue. ``periodic`` enqueues the ticks.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any
@@ -110,6 +111,9 @@ class Schedule:
     priority: int | None = None
     max_attempts: int | None = None
     unique_key: str | None = None
+    #: Stored in the database (staff add, edit and delete it in the admin), not declared
+    #: in code or settings.
+    stored: bool = False
 
     @property
     def zone_name(self) -> str:
@@ -170,35 +174,58 @@ def _schedule_entry(name: Any, entry: Any, *, max_payload_bytes: int) -> Schedul
     if missing:
         raise SettingsError(f"{key} is missing {missing}: give the job type and a cron expression")
     try:
-        job_type = validation.job_type(entry["job_type"], f"{key}['job_type']")
-        cron = validate_cron(entry["schedule"], f"{key}['schedule']")
-        queue = entry.get("queue")
-        if queue is not None:
-            validation.queue(queue, f"{key}['queue']")
-        priority = entry.get("priority")
-        if priority is not None:
-            validation.priority(priority, f"{key}['priority']")
-        max_attempts = entry.get("max_attempts")
-        if max_attempts is not None:
-            validation.max_attempts(max_attempts, f"{key}['max_attempts']")
-        unique_key = entry.get("unique_key")
-        if unique_key is not None:
-            validation.unique_key(unique_key, f"{key}['unique_key']")
+        return build_schedule(
+            name,
+            entry,
+            max_payload_bytes=max_payload_bytes,
+            label=lambda field: f"{key}[{field!r}]",
+        )
     except InvalidArgumentError as exc:
         raise SettingsError(str(exc)) from None
-    data = entry.get("data")
+
+
+def build_schedule(
+    name: str,
+    fields: Mapping[str, Any],
+    *,
+    max_payload_bytes: int,
+    stored: bool = False,
+    label: Callable[[str], str] = str,
+) -> Schedule:
+    """The ``Schedule`` named ``name`` from ``fields`` (the keys of a
+    ``PGQUEUE["SCHEDULE"]`` entry: ``job_type`` and ``schedule`` required, the rest
+    optional, ``None`` for a default), validated.
+
+    The one check of a schedule's fields, for settings and for schedules stored in the
+    database. Raises ``InvalidJobError`` whose ``field`` is ``label(key)``.
+    """
+    job_type = validation.job_type(fields.get("job_type"), label("job_type"))
+    cron = validate_cron(fields.get("schedule"), label("schedule"))
+    queue = fields.get("queue")
+    if queue is not None:
+        validation.queue(queue, label("queue"))
+    priority = fields.get("priority")
+    if priority is not None:
+        validation.priority(priority, label("priority"))
+    max_attempts = fields.get("max_attempts")
+    if max_attempts is not None:
+        validation.max_attempts(max_attempts, label("max_attempts"))
+    unique_key = fields.get("unique_key")
+    if unique_key is not None:
+        validation.unique_key(unique_key, label("unique_key"))
+    data = fields.get("data")
     if data is not None:
-        _check_data(data, f"{key}['data']", max_payload_bytes)
-    zone = entry.get("timezone")
+        validation.payload(data, label("data"), max_bytes=max_payload_bytes)
+    zone = fields.get("timezone")
     if zone is not None:
         try:
             if not isinstance(zone, str):
                 raise TypeError
             _zone(zone)
         except (TypeError, ValueError, ZoneInfoNotFoundError):
-            raise SettingsError(
-                f"{key}['timezone'] must be an IANA time zone name such as 'Europe/Paris' "
-                f"or 'UTC', got {zone!r}"
+            raise InvalidJobError(
+                label("timezone"),
+                f"must be an IANA time zone name such as 'Europe/Paris' or 'UTC', got {zone!r}",
             ) from None
     return Schedule(
         name=name,
@@ -210,11 +237,5 @@ def _schedule_entry(name: Any, entry: Any, *, max_payload_bytes: int) -> Schedul
         priority=priority,
         max_attempts=max_attempts,
         unique_key=unique_key,
+        stored=stored,
     )
-
-
-def _check_data(data: Any, key: str, max_payload_bytes: int) -> None:
-    try:
-        validation.payload(data, key, max_bytes=max_payload_bytes)
-    except InvalidJobError as exc:
-        raise SettingsError(str(exc)) from None

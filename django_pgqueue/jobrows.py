@@ -110,18 +110,25 @@ class _Resolved(NamedTuple):
     max_attempts: int
 
 
+def handler_of(job_type: str, field: str = "job_type") -> registry.JobDefinition | None:
+    """The handler of the valid name ``job_type``; ``InvalidJobError`` (naming ``field``)
+    when it has none and ``PGQUEUE["VALIDATE_JOB_TYPES"]`` is on (``None`` when off)."""
+    definition = registry.find_definition(job_type)
+    if definition is None and conf.get_settings().VALIDATE_JOB_TYPES:
+        known = ", ".join(registry.registered_job_types()) or "none"
+        raise InvalidJobError(
+            field,
+            f"no handler is registered for {job_type!r} (registered: {known}); define it "
+            "with @django_pgqueue.job, or set PGQUEUE['VALIDATE_JOB_TYPES'] = False when "
+            "another service runs the workers",
+        )
+    return definition
+
+
 def _resolve(job_type: Any, queue: Any, priority: Any, max_attempts: Any, prefix: str) -> _Resolved:
     settings = conf.get_settings()
     name = validation.job_type(job_type, f"{prefix}job_type")
-    definition = registry.find_definition(name)
-    if definition is None and settings.VALIDATE_JOB_TYPES:
-        known = ", ".join(registry.registered_job_types()) or "none"
-        raise InvalidJobError(
-            f"{prefix}job_type",
-            f"no handler is registered for {name!r} (registered: {known}); define it with "
-            "@django_pgqueue.job, or set PGQUEUE['VALIDATE_JOB_TYPES'] = False when "
-            "another service runs the workers",
-        )
+    definition = handler_of(name, f"{prefix}job_type")
     if queue is None:
         queue = (definition and definition.queue) or settings.DEFAULT_QUEUE
     if priority is None:

@@ -1,7 +1,8 @@
-"""Periodic jobs: cron schedules declared in code, each tick enqueued exactly once.
+"""Periodic jobs: cron schedules, each tick enqueued exactly once, paused and resumed.
 
-Schedules come from ``@job(schedule="...")`` (named after the job type) and from
-``PGQUEUE["SCHEDULE"]`` (named by their keys). Workers call ``enqueue_due_ticks()``
+Schedules come from ``@job(schedule="...")`` (named after the job type), from
+``PGQUEUE["SCHEDULE"]`` (named by their keys) and from the database
+(``StoredSchedule``, which ``stored_schedules`` writes). Workers call ``enqueue_due_ticks()``
 from their heartbeat thread; so may ``manage.py pgqueue_schedule --run-due``.
 
 Exactly once: a tick is enqueued by the caller whose conditional ``UPDATE`` of the
@@ -14,36 +15,53 @@ Missed ticks: only the latest tick at or before now is ever enqueued, so a sched
 was not followed for a while (no worker running) runs once, late, not once per missed
 tick. A schedule seen for the first time, or whose expression or time zone changed,
 records its latest tick without enqueuing it: deploying a daily 03:00 job at noon does
-not run it at noon.
+not run it at noon. A paused schedule enqueues nothing; resumed, it starts from its
+next tick.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
 
 from . import conf, logfields, registry, validation
-from .cron import Schedule
+from .cron import Schedule, build_schedule
 from .enqueue import enqueue
 from .exceptions import (
     DuplicateJobError,
+    InvalidArgumentError,
     PgQueueError,
     SettingsError,
 )
+from .models import PeriodicTick, StoredSchedule
 
 if TYPE_CHECKING:
     from .models import Job
 
 logger = logging.getLogger("django_pgqueue.periodic")
 
-__all__ = ["enqueue_due_ticks", "run_now", "schedules"]
+# Stored schedules left out, by name: the problem last logged (once, not per heartbeat).
+_reported_problems: dict[str, str] = {}
+
+__all__ = [
+    "declared_schedules",
+    "enqueue_due_ticks",
+    "pause_schedule",
+    "paused_schedules",
+    "resume_schedule",
+    "run_now",
+    "schedules",
+    "stored_schedule_problems",
+]
 
 
-def schedules() -> list[Schedule]:
-    """Every declared schedule, by name: ``@job(schedule=...)`` then ``PGQUEUE["SCHEDULE"]``.
+def declared_schedules() -> list[Schedule]:
+    """The schedules of code and settings, by name: ``@job(schedule=...)`` then
+    ``PGQUEUE["SCHEDULE"]``. No query.
 
     Raises ``SettingsError`` when a ``SCHEDULE`` key is also the job type of an
     ``@job(schedule=...)`` (both would share one ``pgqueue_periodic`` row).
@@ -63,6 +81,71 @@ def schedules() -> list[Schedule]:
     return [found[name] for name in sorted(found)]
 
 
+def schedules(using: str | None = None) -> list[Schedule]:
+    """Every schedule, by name: those of ``@job(schedule=...)``, of
+    ``PGQUEUE["SCHEDULE"]``, and those stored in the database
+    ([`StoredSchedule`][django_pgqueue.models.StoredSchedule], added in the admin).
+
+    A stored schedule that is invalid (a row written past the admin's checks) or whose
+    name the code or settings also declare is left out, and logged once at ``WARNING``;
+    [`stored_schedule_problems()`][django_pgqueue.periodic.stored_schedule_problems]
+    says why.
+
+    Raises ``SettingsError`` when a ``SCHEDULE`` key is also the job type of an
+    ``@job(schedule=...)``.
+    """
+    found = {schedule.name: schedule for schedule in declared_schedules()}
+    stored, problems = _stored_schedules(conf.jobs_database(using), set(found))
+    for name, problem in problems.items():
+        if _reported_problems.get(name) != problem:
+            _reported_problems[name] = problem
+            logger.warning("stored schedule %s is ignored: %s", name, problem)
+    found.update((schedule.name, schedule) for schedule in stored)
+    return [found[name] for name in sorted(found)]
+
+
+def stored_schedule_problems(using: str | None = None) -> dict[str, str]:
+    """Why each stored schedule that ``schedules()`` leaves out is left out, by name."""
+    declared = {schedule.name for schedule in declared_schedules()}
+    return _stored_schedules(conf.jobs_database(using), declared)[1]
+
+
+def _stored_schedules(alias: str, declared: set[str]) -> tuple[list[Schedule], dict[str, str]]:
+    found: list[Schedule] = []
+    problems: dict[str, str] = {}
+    max_bytes = conf.get_settings().MAX_PAYLOAD_BYTES
+    for row in StoredSchedule.objects.using(alias).order_by("name"):
+        if row.name in declared:
+            problems[row.name] = (
+                "the code or settings declare a schedule of the same name; rename or "
+                "delete the stored one"
+            )
+            continue
+        try:
+            found.append(
+                build_schedule(
+                    row.name, stored_fields(row), max_payload_bytes=max_bytes, stored=True
+                )
+            )
+        except InvalidArgumentError as exc:
+            problems[row.name] = str(exc)
+    return found, problems
+
+
+def stored_fields(row: StoredSchedule) -> dict[str, Any]:
+    """The fields of a stored schedule, as ``cron.build_schedule()`` takes them."""
+    return {
+        "job_type": row.job_type,
+        "schedule": row.schedule,
+        "timezone": row.timezone or None,
+        "data": row.data,
+        "queue": row.queue or None,
+        "priority": row.priority,
+        "max_attempts": row.max_attempts,
+        "unique_key": row.unique_key or None,
+    }
+
+
 def declared_in_code(schedule: Schedule) -> bool:
     """Whether ``schedules()`` took ``schedule`` from an ``@job(schedule=...)``, not from
     ``PGQUEUE["SCHEDULE"]`` (whose names may not be those of the former)."""
@@ -73,7 +156,7 @@ def declared_in_code(schedule: Schedule) -> bool:
 def next_tick(now: datetime | None = None, using: str | None = None) -> datetime | None:
     """The earliest tick after ``now`` (default: the jobs database's clock) over all
     schedules (``None``: no schedule)."""
-    found = schedules()
+    found = schedules(using)
     if not found:
         return None
     now = now or database_now(conf.jobs_database(using))
@@ -89,7 +172,11 @@ def database_now(alias: str) -> datetime:
     return now
 
 
-_STORED = "SELECT name, schedule, last_tick FROM pgqueue_periodic WHERE name = ANY(%s)"
+_STORED = """
+SELECT name, schedule, last_tick, paused_at IS NOT NULL
+  FROM pgqueue_periodic
+ WHERE name = ANY(%s)
+"""
 
 _FIRST_SIGHT = """
 INSERT INTO pgqueue_periodic (name, schedule, last_tick)
@@ -110,7 +197,7 @@ RETURNING name
 _CLAIM_TICK = """
 UPDATE pgqueue_periodic
    SET last_tick = %s, updated_at = now()
- WHERE name = %s AND schedule = %s AND last_tick < %s
+ WHERE name = %s AND schedule = %s AND last_tick < %s AND paused_at IS NULL
 RETURNING name
 """
 
@@ -155,19 +242,21 @@ def enqueue_due_ticks(*, now: datetime | None = None, using: str | None = None) 
     Raises:
         InvalidJobError: When ``now`` is naive.
     """
-    found = schedules()
+    alias = conf.jobs_database(using)
+    found = schedules(alias)
     if not found:
         return []
-    alias = conf.jobs_database(using)
     now = validation.aware_datetime(now, "now") if now is not None else database_now(alias)
     connection = connections[alias]
     with connection.cursor() as cursor:
         cursor.execute(_STORED, [[schedule.name for schedule in found]])
-        stored = {name: (signature, last_tick) for name, signature, last_tick in cursor.fetchall()}
+        stored = {name: row for name, *row in cursor.fetchall()}
     jobs: list[Job] = []
     for schedule in found:
         tick = schedule.latest_tick(now)
         row = stored.get(schedule.name)
+        if row is not None and row[2]:
+            continue  # paused: resuming skips the ticks it missed
         if row is not None and row[0] == schedule.signature and row[1] >= tick:
             continue  # the usual case: nothing due, no transaction
         try:
@@ -184,7 +273,7 @@ def enqueue_due_ticks(*, now: datetime | None = None, using: str | None = None) 
 def _handle(
     schedule: Schedule,
     tick: datetime,
-    row: tuple[str, datetime] | None,
+    row: Sequence[Any] | None,
     now: datetime,
     alias: str,
 ) -> Job | None:
@@ -248,11 +337,8 @@ def run_now(name: str, *, using: str | None = None) -> Job:
     Raises ``LookupError`` for a name no schedule has, and ``DuplicateJobError`` when the
     schedule's unique key is held by an active job (nothing is enqueued).
     """
-    found = {schedule.name: schedule for schedule in schedules()}
-    if name not in found:
-        raise LookupError(f"no periodic job is named {name!r}")
     alias = conf.jobs_database(using)
-    job = _enqueue_for(found[name], None, alias)
+    job = _enqueue_for(_find(name, alias), None, alias)
     logger.info(
         "enqueued periodic job %s now, outside its ticks: job %s",
         name,
@@ -260,6 +346,83 @@ def run_now(name: str, *, using: str | None = None) -> Job:
         extra=logfields.job_fields(job),
     )
     return job
+
+
+_PAUSE = """
+INSERT INTO pgqueue_periodic (name, schedule, last_tick, paused_at)
+VALUES (%s, %s, %s, now())
+ON CONFLICT (name) DO UPDATE
+   SET paused_at = now(), updated_at = now()
+ WHERE pgqueue_periodic.paused_at IS NULL
+RETURNING name
+"""
+
+# The tick at or before now counts as done: a resumed schedule runs from its next tick.
+_RESUME = """
+UPDATE pgqueue_periodic
+   SET paused_at = NULL, last_tick = GREATEST(last_tick, %s), updated_at = now()
+ WHERE name = %s AND paused_at IS NOT NULL
+RETURNING name
+"""
+
+
+def pause_schedule(name: str, *, using: str | None = None) -> bool:
+    """Pause the schedule ``name``: no worker enqueues its ticks until it is resumed.
+
+    Works for every schedule, from code, settings or the database; jobs its earlier
+    ticks made are not touched. [`run_now()`][django_pgqueue.periodic.run_now] still
+    enqueues its job. Logged at ``INFO``.
+
+    Returns:
+        Whether it changed anything (``False``: already paused).
+
+    Raises:
+        LookupError: No schedule is named ``name``.
+    """
+    alias = conf.jobs_database(using)
+    schedule = _find(name, alias)
+    tick = schedule.latest_tick(database_now(alias))
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_PAUSE, [name, schedule.signature, tick])
+        changed = cursor.fetchone() is not None
+    if changed:
+        logger.info("periodic job %s paused", name)
+    return changed
+
+
+def resume_schedule(name: str, *, using: str | None = None) -> bool:
+    """Resume the paused schedule ``name`` from its next tick: the ticks that fell while
+    it was paused are skipped, not caught up. Logged at ``INFO``.
+
+    Returns:
+        Whether it changed anything (``False``: it was not paused).
+
+    Raises:
+        LookupError: No schedule is named ``name``.
+    """
+    alias = conf.jobs_database(using)
+    schedule = _find(name, alias)
+    tick = schedule.latest_tick(database_now(alias))
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_RESUME, [tick, name])
+        changed = cursor.fetchone() is not None
+    if changed:
+        logger.info("periodic job %s resumed; its next tick is %s", name, schedule.next_tick(tick))
+    return changed
+
+
+def paused_schedules(using: str | None = None) -> dict[str, datetime]:
+    """When each paused schedule was paused, by name."""
+    alias = conf.jobs_database(using)
+    paused = PeriodicTick.objects.using(alias).filter(paused_at__isnull=False)
+    return {name: at for name, at in paused.values_list("name", "paused_at") if at is not None}
+
+
+def _find(name: str, alias: str) -> Schedule:
+    for schedule in schedules(alias):
+        if schedule.name == name:
+            return schedule
+    raise LookupError(f"no periodic job is named {name!r}")
 
 
 def _enqueue_for(schedule: Schedule, run_at: datetime | None, alias: str) -> Job:

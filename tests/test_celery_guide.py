@@ -13,7 +13,7 @@ from django.db import transaction
 
 from django_pgqueue import registry
 from django_pgqueue.models import Job, JobStatus
-from django_pgqueue.periodic import schedules
+from django_pgqueue.periodic import declared_schedules
 from django_pgqueue.rates import Rate
 from django_pgqueue.testing import immediate, refute_enqueued, run_job
 
@@ -98,5 +98,5 @@ def test_the_report_keeps_its_rate_timeout_queue_and_schedule(shop):
         60,
         "reports",
     )
-    (schedule,) = [s for s in schedules() if s.job_type == "shop.export_report"]
+    (schedule,) = [s for s in declared_schedules() if s.job_type == "shop.export_report"]
     assert schedule.cron == "0 3 * * *"

@@ -40,6 +40,7 @@ PUBLIC_MODULES = [
     "django_pgqueue.registry",
     "django_pgqueue.routers",
     "django_pgqueue.signals",
+    "django_pgqueue.stored_schedules",
     "django_pgqueue.testing",
     "django_pgqueue.worker",
 ]

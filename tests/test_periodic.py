@@ -21,7 +21,7 @@ from django_pgqueue.conf import get_settings
 from django_pgqueue.cron import Schedule, validate_cron
 from django_pgqueue.exceptions import InvalidJobError, SettingsError
 from django_pgqueue.models import Job, JobStatus, PeriodicTick
-from django_pgqueue.periodic import enqueue_due_ticks, schedules
+from django_pgqueue.periodic import declared_schedules, enqueue_due_ticks
 from django_pgqueue.testing import assert_enqueued
 from tests.testapp.models import Execution
 from tests.workers import WorkerProcess, wait_for, worker_thread
@@ -167,7 +167,7 @@ def test_schedule_setting_is_validated_into_schedules(pgqueue_settings):
         ),
         (
             {"x": {"job_type": "tests.noop", "schedule": "* * * * *", "timezone": "Mars/Base"}},
-            r"\['x'\]\['timezone'\] must be an IANA time zone name",
+            r"\['x'\]\['timezone'\]: must be an IANA time zone name",
         ),
         (
             {"x": {"job_type": "tests.noop", "schedule": "* * * * *", "data": {"at": T0}}},
@@ -190,7 +190,7 @@ def test_schedules_come_from_decorators_and_the_setting(pgqueue_settings, clean_
 
     pgqueue_settings(SCHEDULE=every_five_minutes())
 
-    assert [(s.name, s.job_type, s.cron) for s in schedules()] == [
+    assert [(s.name, s.job_type, s.cron) for s in declared_schedules()] == [
         ("every-5", "tests.noop", "*/5 * * * *"),
         ("tests.periodic.decorated", "tests.periodic.decorated", "@hourly"),
     ]
@@ -206,7 +206,7 @@ def test_a_setting_named_like_a_decorated_schedule_is_rejected(pgqueue_settings,
     )
 
     with pytest.raises(SettingsError, match="rename the SCHEDULE entry"):
-        schedules()
+        declared_schedules()
 
 
 # Enqueueing ticks ----------------------------------------------------------------------

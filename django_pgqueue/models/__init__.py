@@ -16,6 +16,7 @@ from .operations import (
     QueueState,
     RateLimit,
     RateLimitStart,
+    StoredSchedule,
     WorkerRecord,
 )
 from .operations import (
@@ -45,5 +46,6 @@ __all__ = [
     "RateLimit",
     "RateLimitStart",
     "StepKind",
+    "StoredSchedule",
     "WorkerRecord",
 ]

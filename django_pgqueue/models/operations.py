@@ -319,6 +319,8 @@ class PeriodicTick(JobsDatabaseModel):
             first sight or change.
         last_job_id (UUIDField): The job enqueued for the latest enqueued tick, or
             ``None``.
+        paused_at (DateTimeField): When staff paused the schedule; ``None``: it runs.
+            A paused schedule enqueues no tick; resumed, it runs from its next tick.
         updated_at (DateTimeField): When the row last changed.
     """
 
@@ -326,6 +328,7 @@ class PeriodicTick(JobsDatabaseModel):
     schedule = models.CharField(max_length=255)
     last_tick = models.DateTimeField()
     last_job_id = models.UUIDField(null=True, blank=True)
+    paused_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(db_default=Now())
 
     class Meta:
@@ -336,3 +339,75 @@ class PeriodicTick(JobsDatabaseModel):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.schedule})"
+
+
+class StoredSchedule(JobsDatabaseModel):
+    """A periodic job stored in the database: staff add, edit and delete it in the admin
+    (or with [`save_schedule()`][django_pgqueue.stored_schedules.save_schedule]), and
+    workers tick it like those declared in code and settings, each tick exactly once.
+
+    A row of ``pgqueue_schedules``. Its name is shared with the schedules declared in
+    code and settings (and with ``pgqueue_periodic``, which records its ticks): a stored
+    schedule whose name the code or settings also declare is ignored, with a warning.
+
+    Attributes:
+        name (CharField): The schedule's name, unique among all schedules.
+        job_type (CharField): The job type each tick enqueues.
+        schedule (CharField): A cron expression, as in ``@job(schedule=...)``.
+        timezone (CharField): The IANA time zone of the expression; blank: Django's
+            ``TIME_ZONE``.
+        data (JSONField): The job's payload, a JSON object.
+        queue (CharField): The job's queue; blank: the job type's.
+        priority (SmallIntegerField): The job's priority; ``None``: the job type's.
+        max_attempts (IntegerField): The job's attempts; ``None``: the job type's.
+        unique_key (CharField): The job's unique key (a tick is skipped while an active
+            job holds it); blank: none.
+        created_at (DateTimeField): When it was added.
+        updated_at (DateTimeField): When it last changed.
+    """
+
+    name = models.CharField(_("name"), max_length=255, unique=True)
+    job_type = models.CharField(_("job type"), max_length=schema.JOB_TYPE_MAX_LENGTH)
+    schedule = models.CharField(
+        _("schedule"),
+        max_length=150,
+        help_text=_(
+            "A cron expression: minute hour day-of-month month day-of-week, such as "
+            "“0 3 * * *” or “*/15 * * * *”, a sixth field for seconds, or @daily, @hourly…"
+        ),
+    )
+    timezone = models.CharField(
+        _("time zone"),
+        max_length=64,
+        blank=True,
+        default="",
+        help_text=_("An IANA name such as “Europe/Paris”; blank: the site's TIME_ZONE."),
+    )
+    data = models.JSONField(_("data"), default=dict, blank=True)
+    queue = models.CharField(
+        _("queue"),
+        max_length=schema.QUEUE_MAX_LENGTH,
+        blank=True,
+        default="",
+        help_text=_("Blank: the job type's queue."),
+    )
+    priority = models.SmallIntegerField(_("priority"), null=True, blank=True)
+    max_attempts = models.IntegerField(_("max attempts"), null=True, blank=True)
+    unique_key = models.CharField(
+        _("unique key"),
+        max_length=schema.UNIQUE_KEY_MAX_LENGTH,
+        blank=True,
+        default="",
+        help_text=_("A tick is skipped while an active job holds this key; blank: none."),
+    )
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "pgqueue_schedules"
+        ordering = ("name",)
+        verbose_name = _("stored schedule")
+        verbose_name_plural = _("stored schedules")
+
+    def __str__(self) -> str:
+        return self.name

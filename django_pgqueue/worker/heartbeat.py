@@ -16,7 +16,7 @@ from django.db import DatabaseError, connections
 from ..exceptions import PgQueueError
 from ..horizon import HorizonWatch
 from ..logfields import job_fields
-from ..periodic import database_now, enqueue_due_ticks, next_tick, schedules
+from ..periodic import database_now, enqueue_due_ticks, schedules
 from ..pruning import prune_by_settings, prune_events_by_settings
 from ..rate_limits import prune_rate_starts
 from ..recovery import recover_stale_jobs, release_held_jobs
@@ -100,11 +100,12 @@ class Heartbeat(threading.Thread):
         raises.
         """
         try:
-            if not schedules():
+            found = schedules(self._alias)
+            if not found:
                 return time.monotonic() + self._interval
             now = database_now(self._alias)
             enqueue_due_ticks(now=now, using=self._alias)
-            upcoming = next_tick(now)
+            upcoming = min(schedule.next_tick(now) for schedule in found)
         except DatabaseError as exc:
             logger.warning(
                 "periodic jobs: could not enqueue due ticks (%s); retrying in %.1fs",
@@ -120,9 +121,7 @@ class Heartbeat(threading.Thread):
             # A broken schedule must not stop heartbeats: they keep this worker's jobs.
             logger.exception("periodic jobs: unexpected error; retrying in %.1fs", self._interval)
             return time.monotonic() + self._interval
-        wait = self._interval
-        if upcoming is not None:
-            wait = min(wait, max((upcoming - now).total_seconds(), 0.0))
+        wait = min(self._interval, max((upcoming - now).total_seconds(), 0.0))
         return time.monotonic() + wait
 
     def beat(self) -> None:
