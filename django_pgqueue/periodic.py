@@ -96,6 +96,8 @@ def schedules(using: str | None = None) -> list[Schedule]:
     """
     found = {schedule.name: schedule for schedule in declared_schedules()}
     stored, problems = _stored_schedules(conf.jobs_database(using), set(found))
+    for name in set(_reported_problems) - set(problems):
+        del _reported_problems[name]  # fixed: said again if it comes back
     for name, problem in problems.items():
         if _reported_problems.get(name) != problem:
             _reported_problems[name] = problem

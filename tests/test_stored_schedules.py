@@ -8,11 +8,14 @@ import multiprocessing
 import signal
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+from io import StringIO
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.db import connections
 from django.utils import timezone
 
+from django_pgqueue import periodic
 from django_pgqueue.exceptions import InvalidArgumentError
 from django_pgqueue.models import Job, JobStatus, PeriodicTick, StoredSchedule, WorkerRecord
 from django_pgqueue.periodic import (
@@ -171,8 +174,9 @@ def test_bad_input_names_its_field_and_writes_nothing(
 
 
 def test_a_stored_schedule_named_like_a_declared_one_is_ignored_with_a_warning(
-    pgqueue_settings, caplog
+    pgqueue_settings, caplog, monkeypatch
 ):
+    monkeypatch.setattr(periodic, "_reported_problems", {})  # what other tests logged
     StoredSchedule.objects.create(name="digest", job_type="tests.record", schedule="* * * * *")
     pgqueue_settings(SCHEDULE={"digest": {"job_type": "tests.noop", "schedule": "@daily"}})
 
@@ -322,3 +326,23 @@ def test_worker_processes_pick_up_a_schedule_added_while_they_run_and_tick_it_on
     assert max(run_ats.values()) == 1, run_ats
     completed = Job.objects.filter(status=JobStatus.COMPLETED).count()
     assert Execution.objects.count() == completed
+
+
+# The command ---------------------------------------------------------------------------
+
+
+def test_pgqueue_schedule_lists_stored_schedules_and_pauses_and_resumes_them():
+    save_schedule("export", "tests.noop", "*/5 * * * *")
+    out = StringIO()
+
+    call_command("pgqueue_schedule", "--pause", "export", stdout=out)
+
+    text = out.getvalue()
+    assert "export paused" in text
+    assert "export  */5 * * * * (UTC)  job_type=tests.noop  (stored)" in text
+    assert "    next tick: none, paused since " in text
+    out = StringIO()
+    call_command("pgqueue_schedule", "--resume", "export", "--resume", "export", stdout=out)
+    assert "export resumed\nexport was not paused" in out.getvalue()
+    with pytest.raises(CommandError, match="no periodic job is named 'nope'"):
+        call_command("pgqueue_schedule", "--pause", "nope", stdout=StringIO())

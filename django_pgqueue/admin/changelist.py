@@ -255,6 +255,18 @@ class JobAdmin(WorkflowCells, ErrorGroups, PeriodicPage, LiveView, QueueOverview
                 name="django_pgqueue_job_periodic_run",
             ),
             path(
+                "periodic/<path:name>/pause/",
+                wrap(self.periodic_pause_view),
+                {"pause": True},
+                name="django_pgqueue_job_periodic_pause",
+            ),
+            path(
+                "periodic/<path:name>/resume/",
+                wrap(self.periodic_pause_view),
+                {"pause": False},
+                name="django_pgqueue_job_periodic_resume",
+            ),
+            path(
                 "workers/<path:worker_id>/",
                 wrap(self.worker_view),
                 name="django_pgqueue_job_worker",
