@@ -70,6 +70,8 @@ class PgQueueSettings:
     #: Emitted events (``emit_event()``) older than this are deleted by workers (None:
     #: kept); a job that starts waiting for one within it still receives it.
     EVENT_RETENTION: float | None = 7 * 86400.0
+    #: The per-minute rollups the admin's charts draw are deleted past this (None: kept).
+    ROLLUP_RETENTION: float | None = 8 * 86400.0
     #: At most this many jobs of a queue claimed or running at once, across all workers.
     QUEUE_LIMITS: dict[str, int] = field(default_factory=dict)
     #: The same per job type; wins over ``@job(concurrency=...)`` (``None`` lifts it).
@@ -86,7 +88,13 @@ class PgQueueSettings:
 
 
 # Durations that may also be None, meaning "never".
-_OPTIONAL_DURATIONS = {"RETENTION", "FAILED_RETENTION", "EVENT_RETENTION", "HORIZON_WARNING_AFTER"}
+_OPTIONAL_DURATIONS = {
+    "RETENTION",
+    "FAILED_RETENTION",
+    "EVENT_RETENTION",
+    "ROLLUP_RETENTION",
+    "HORIZON_WARNING_AFTER",
+}
 
 _DURATIONS = {
     "POLL_INTERVAL",

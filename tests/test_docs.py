@@ -37,6 +37,7 @@ PUBLIC_MODULES = [
     "django_pgqueue.rate_limits",
     "django_pgqueue.rates",
     "django_pgqueue.recovery",
+    "django_pgqueue.rollups",
     "django_pgqueue.registry",
     "django_pgqueue.routers",
     "django_pgqueue.signals",

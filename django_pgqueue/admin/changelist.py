@@ -25,6 +25,7 @@ from ..due import due_q
 from ..models import Job
 from .actions import rerun_choices
 from .base import JobPaginator
+from .charts import ChartsPage
 from .errors import ErrorFilter, ErrorGroups
 from .filters import JobTypeFilter, QueueFilter, SearchError, search_filter
 from .formatting import TEMPLATES
@@ -104,7 +105,7 @@ class JobChangeList(ChangeList):
         return deferred.annotate(is_due=ExpressionWrapper(due_q(), output_field=BooleanField()))
 
 
-class JobAdmin(WorkflowCells, ErrorGroups, PeriodicPage, LiveView, QueueOverview):
+class JobAdmin(WorkflowCells, ErrorGroups, PeriodicPage, ChartsPage, LiveView, QueueOverview):
     """Jobs, read-only, with live progress, retry/cancel/run-now actions and an overview."""
 
     class Media:
@@ -248,6 +249,7 @@ class JobAdmin(WorkflowCells, ErrorGroups, PeriodicPage, LiveView, QueueOverview
             ),
             path("live/", wrap(self.live_view), name="django_pgqueue_job_live"),
             path("errors/", wrap(self.errors_view), name="django_pgqueue_job_errors"),
+            path("charts/", wrap(self.charts_view), name="django_pgqueue_job_charts"),
             path("periodic/", wrap(self.periodic_view), name="django_pgqueue_job_periodic"),
             path(
                 "periodic/<path:name>/run/",

@@ -37,6 +37,8 @@ from .formatting import TEMPLATES, display_datetime, short_duration
 WORKERS_SHOWN = 50
 #: Jobs a worker's page lists; the page says when it holds more.
 JOBS_SHOWN = 50
+#: Seconds between the overview's reloads.
+REFRESH_SECONDS = 30
 
 
 class QueueOverview(JobAdminBase):
@@ -111,6 +113,8 @@ class QueueOverview(JobAdminBase):
                 worker_row(worker, shot.taken_at) for worker in shot.workers[:WORKERS_SHOWN]
             ],
             "changelist_url": changelist,
+            "charts_url": reverse(f"{self.admin_site.name}:django_pgqueue_job_charts"),
+            "refresh": REFRESH_SECONDS,
         }
         return TemplateResponse(request, f"{TEMPLATES}/overview.html", context)
 

@@ -25,6 +25,7 @@ from .operations import (
 from .operations import (
     RateLimitScope as RateLimitScope,
 )
+from .rollups import MinuteJobs, QueueMinute
 from .steps import EmittedEvent, JobStep
 from .transitions import JobQuerySet
 from .transitions import notify_queues as notify_queues
@@ -41,7 +42,9 @@ __all__ = [
     "JobQuerySet",
     "JobStep",
     "JobWait",
+    "MinuteJobs",
     "PeriodicTick",
+    "QueueMinute",
     "QueueState",
     "RateLimit",
     "RateLimitStart",

@@ -20,6 +20,7 @@ from ..periodic import database_now, enqueue_due_ticks, schedules
 from ..pruning import prune_by_settings, prune_events_by_settings
 from ..rate_limits import prune_rate_starts
 from ..recovery import recover_stale_jobs, release_held_jobs
+from ..rollups import write_rollups
 from . import queries
 from .execution import RunningJob
 
@@ -71,7 +72,8 @@ class Heartbeat(threading.Thread):
             connections.close_all()
 
     def _maintain(self, next_recovery: float) -> float:
-        """Beat, recover and prune; return when recovery is due next."""
+        """Beat, recover, prune and write the minute's rollups (one worker a minute);
+        return when recovery is due next."""
         try:
             self.beat()
             if time.monotonic() >= next_recovery:
@@ -86,6 +88,7 @@ class Heartbeat(threading.Thread):
             # Bounded in time so that heartbeats stay on schedule; a backlog of
             # finished jobs shrinks over the following beats.
             prune_by_settings(max_seconds=self._interval / 2, using=self._alias)
+            write_rollups(using=self._alias)
         except DatabaseError as exc:
             logger.warning("heartbeat failed (%s); retrying in %.1fs", exc, self._interval)
             connections[self._alias].close()

@@ -1,0 +1,75 @@
+"""The rollups the admin's charts draw: one row per minute sampled, one per minute, queue
+and job type of finished jobs (written by ``rollups.write_rollups()``)."""
+
+from __future__ import annotations
+
+from django.contrib.postgres.fields import ArrayField
+from django.db import models
+from django.db.models.functions import Now
+from django.utils.translation import gettext_lazy as _
+
+from .. import schema
+from .base import JobsDatabaseModel
+
+
+class QueueMinute(JobsDatabaseModel):
+    """A minute the rollups sampled: the depth of each queue as it began.
+
+    A row of ``pgqueue_minutes``; its primary key makes one worker write each minute.
+
+    Attributes:
+        minute (DateTimeField): The minute's start (primary key).
+        depths (JSONField): Per queue, ``{"pending": n, "scheduled": n, "running": n,
+            "waiting": n}`` as the read model counted them (queues with no job left out).
+        written_at (DateTimeField): When the row was written.
+    """
+
+    minute = models.DateTimeField(primary_key=True)
+    depths = models.JSONField(default=dict)
+    written_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "pgqueue_minutes"
+        ordering = ("-minute",)
+        verbose_name = _("sampled minute")
+        verbose_name_plural = _("sampled minutes")
+
+    def __str__(self) -> str:
+        return self.minute.isoformat()
+
+
+class MinuteJobs(JobsDatabaseModel):
+    """The jobs of one queue and job type that finished in one minute.
+
+    A row of ``pgqueue_minute_jobs``. The histograms count jobs per bucket of duration
+    (``rollups.bucket_bounds()``), without their trailing empty buckets.
+
+    Attributes:
+        minute (DateTimeField): The minute's start.
+        queue (CharField): The queue.
+        job_type (CharField): The job type.
+        completed (IntegerField): Jobs that completed in it.
+        failed (IntegerField): Jobs that failed for good in it.
+        cancelled (IntegerField): Jobs cancelled in it.
+        wait_ms (ArrayField): The histogram of their waiting times, due to start.
+        run_ms (ArrayField): The histogram of their run times.
+    """
+
+    pk = models.CompositePrimaryKey("minute", "queue", "job_type")
+    minute = models.DateTimeField()
+    queue = models.CharField(max_length=schema.QUEUE_MAX_LENGTH)
+    job_type = models.CharField(max_length=schema.JOB_TYPE_MAX_LENGTH)
+    completed = models.IntegerField(default=0)
+    failed = models.IntegerField(default=0)
+    cancelled = models.IntegerField(default=0)
+    wait_ms = ArrayField(models.IntegerField(), default=list)
+    run_ms = ArrayField(models.IntegerField(), default=list)
+
+    class Meta:
+        db_table = "pgqueue_minute_jobs"
+        ordering = ("-minute", "queue", "job_type")
+        verbose_name = _("minute of finished jobs")
+        verbose_name_plural = _("minutes of finished jobs")
+
+    def __str__(self) -> str:
+        return f"{self.minute.isoformat()} {self.queue} {self.job_type}"
