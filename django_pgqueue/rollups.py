@@ -42,7 +42,16 @@ from .schema import FINISHED, JobStatus, status_in
 
 logger = logging.getLogger("django_pgqueue.rollups")
 
-__all__ = ["BUCKETS", "SPANS", "Series", "bucket_bounds", "percentile", "series", "write_rollups"]
+__all__ = [
+    "BUCKETS",
+    "SPANS",
+    "Series",
+    "bucket_bounds",
+    "percentile",
+    "rolled_up_names",
+    "series",
+    "write_rollups",
+]
 
 BUCKETS = 48
 """Histogram buckets: 0 (up to 1 ms) to ``BUCKETS - 1`` (longer than about 2.3 hours)."""
@@ -94,6 +103,8 @@ _PRUNE = (
     " WHERE minute < statement_timestamp() - %(age)s * interval '1 second'",
     "DELETE FROM pgqueue_minutes"
     " WHERE minute < statement_timestamp() - %(age)s * interval '1 second'",
+    "DELETE FROM pgqueue_hour_jobs"
+    " WHERE hour < statement_timestamp() - %(age)s * interval '1 second'",
 )
 
 
@@ -133,26 +144,78 @@ def write_rollups(*, using: str | None = None) -> bool:
         cursor.execute(_FINISHED, span)
         found = _count(cursor.fetchall())
         cursor.execute(_CLEAR, span)
-        cursor.executemany(
-            _INSERT,
-            [
-                (
-                    at,
-                    queue,
-                    job_type,
-                    counted.counts[JobStatus.COMPLETED.value],
-                    counted.counts[JobStatus.FAILED.value],
-                    counted.counts[JobStatus.CANCELLED.value],
-                    _trimmed(counted.wait),
-                    _trimmed(counted.run),
-                )
-                for (at, queue, job_type), counted in sorted(found.items())
-            ],
-        )
+        cursor.executemany(_INSERT, _rows(found))
+        _roll_hours(cursor, span["start"], minute)
         retention = conf.get_settings().ROLLUP_RETENTION
         for statement in _PRUNE if retention is not None else ():
             cursor.execute(statement, {"age": retention})
     return True
+
+
+# The hours that the minutes just rolled up belong to, summed from their minutes (the
+# current hour so far, and the one before when those minutes reach into it).
+_HOUR_COUNTS = """
+SELECT date_trunc('hour', minute), queue, job_type, sum(completed), sum(failed), sum(cancelled)
+  FROM pgqueue_minute_jobs
+ WHERE minute >= %(start)s AND minute < %(end)s
+ GROUP BY 1, 2, 3
+"""
+
+_HOUR_BUCKETS = """
+SELECT date_trunc('hour', minute), queue, job_type, k::int - 1, sum(n)
+  FROM pgqueue_minute_jobs, unnest({column}) WITH ORDINALITY AS u(n, k)
+ WHERE minute >= %(start)s AND minute < %(end)s AND n > 0
+ GROUP BY 1, 2, 3, 4
+"""
+
+_CLEAR_HOURS = "DELETE FROM pgqueue_hour_jobs WHERE hour >= %(start)s AND hour < %(end)s"
+
+_INSERT_HOUR = """
+INSERT INTO pgqueue_hour_jobs
+    (hour, queue, job_type, completed, failed, cancelled, wait_ms, run_ms)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
+"""
+
+
+def _roll_hours(cursor: Any, since: datetime, until: datetime) -> None:
+    """Rewrite the rows of ``pgqueue_hour_jobs`` of the hours from ``since``'s to
+    ``until`` from their minutes."""
+    span = {"start": since.replace(minute=0, second=0, microsecond=0), "end": until}
+    cursor.execute(_HOUR_COUNTS, span)
+    hours: dict[tuple[datetime, str, str], _Minute] = {}
+    for at, queue, job_type, completed, failed, cancelled in cursor.fetchall():
+        summed = hours[(at, queue, job_type)] = _Minute()
+        summed.counts.update(
+            {
+                JobStatus.COMPLETED.value: completed,
+                JobStatus.FAILED.value: failed,
+                JobStatus.CANCELLED.value: cancelled,
+            }
+        )
+    for column in ("wait_ms", "run_ms"):
+        cursor.execute(_HOUR_BUCKETS.format(column=column), span)
+        for at, queue, job_type, k, n in cursor.fetchall():
+            summed = hours.setdefault((at, queue, job_type), _Minute())
+            (summed.wait if column == "wait_ms" else summed.run)[min(k, BUCKETS - 1)] += n
+    cursor.execute(_CLEAR_HOURS, span)
+    cursor.executemany(_INSERT_HOUR, _rows(hours))
+
+
+def _rows(found: dict[tuple[datetime, str, str], _Minute]) -> list[tuple[Any, ...]]:
+    """The rows of a rollup table, from what was counted."""
+    return [
+        (
+            at,
+            queue,
+            job_type,
+            counted.counts[JobStatus.COMPLETED.value],
+            counted.counts[JobStatus.FAILED.value],
+            counted.counts[JobStatus.CANCELLED.value],
+            _trimmed(counted.wait),
+            _trimmed(counted.run),
+        )
+        for (at, queue, job_type), counted in sorted(found.items())
+    ]
 
 
 def _depths(alias: str) -> dict[str, dict[str, int]]:
@@ -255,6 +318,13 @@ class Series:
 
 PERCENTILES = (0.5, 0.95, 0.99)
 
+# Where each span's counts come from: the week's points add up hours, not minutes.
+_SOURCES = {
+    "hour": ("pgqueue_minute_jobs", "minute"),
+    "day": ("pgqueue_minute_jobs", "minute"),
+    "week": ("pgqueue_hour_jobs", "hour"),
+}
+
 _END = "SELECT date_trunc('minute', statement_timestamp())"
 
 
@@ -279,32 +349,35 @@ def series(
     """The figures of the charts over ``span`` (a key of ``SPANS``), for one queue and
     job type or all of them, read from the rollups (three indexed queries)."""
     length, step = SPANS[span]
+    table, column = _SOURCES[span]
     alias = conf.jobs_database(using)
     with connections[alias].cursor() as cursor:
         cursor.execute(_END)
         end: datetime = cursor.fetchone()[0]
+        if column == "hour":  # points of whole hours, the last one the current hour
+            end = end.replace(minute=0) + timedelta(hours=1)
         start = end - length
         bins = [start + step * k for k in range(int(length / step))]
         where, params = _filters(queue, job_type)
         base = [step.total_seconds(), end, start, end, *params]
         cursor.execute(
-            "SELECT date_bin(%s * interval '1 second', minute, %s),"
+            f"SELECT date_bin(%s * interval '1 second', {column}, %s),"
             " sum(completed), sum(failed), sum(cancelled)"
-            " FROM pgqueue_minute_jobs WHERE minute >= %s AND minute < %s"
+            f" FROM {table} WHERE {column} >= %s AND {column} < %s"
             f"{where} GROUP BY 1",
             base,
         )
         counts = {at: row for at, *row in cursor.fetchall()}
         histograms: dict[str, dict[datetime, list[int]]] = {"wait": {}, "run": {}}
-        for column in ("wait", "run"):
+        for histogram in ("wait", "run"):
             cursor.execute(
-                f"SELECT date_bin(%s * interval '1 second', minute, %s), i::int - 1, sum(n)"
-                f" FROM pgqueue_minute_jobs, unnest({column}_ms) WITH ORDINALITY AS u(n, i)"
-                f" WHERE minute >= %s AND minute < %s{where} AND n > 0 GROUP BY 1, 2",
+                f"SELECT date_bin(%s * interval '1 second', {column}, %s), i::int - 1, sum(n)"
+                f" FROM {table}, unnest({histogram}_ms) WITH ORDINALITY AS u(n, i)"
+                f" WHERE {column} >= %s AND {column} < %s{where} AND n > 0 GROUP BY 1, 2",
                 base,
             )
             for at, k, n in cursor.fetchall():
-                histograms[column].setdefault(at, [0] * BUCKETS)[k] += n
+                histograms[histogram].setdefault(at, [0] * BUCKETS)[min(k, BUCKETS - 1)] += n
         # A sample taken as a minute began is the depth as the minute before ended: it
         # goes to that minute's point. Every sample counts, with 0 for a queue it did not
         # list (it had no job).
@@ -355,3 +428,12 @@ def series(
         scheduled=depth(1),
         running=depth(2),
     )
+
+
+def rolled_up_names(*, using: str | None = None) -> tuple[list[str], list[str]]:
+    """The queues and the job types that the rollups hold, sorted (from the hours: a
+    few thousand rows at most)."""
+    with connections[conf.jobs_database(using)].cursor() as cursor:
+        cursor.execute("SELECT DISTINCT queue, job_type FROM pgqueue_hour_jobs")
+        pairs = cursor.fetchall()
+    return sorted({queue for queue, _ in pairs}), sorted({job_type for _, job_type in pairs})

@@ -11,7 +11,15 @@ import pytest
 from django.db import connection, connections
 
 from django_pgqueue import enqueue
-from django_pgqueue.rollups import BUCKETS, bucket_bounds, percentile, series, write_rollups
+from django_pgqueue.rollups import (
+    BUCKETS,
+    _roll_hours,
+    bucket_bounds,
+    percentile,
+    rolled_up_names,
+    series,
+    write_rollups,
+)
 from tests.workers import wait_for, worker_thread
 
 pytestmark = pytest.mark.django_db
@@ -245,7 +253,7 @@ def test_series_bins_the_rollups_and_leaves_gaps_where_no_worker_ran():
     assert set(by_type.pending) == {None}
 
 
-def test_longer_spans_add_up_the_minutes_of_each_point():
+def test_the_day_adds_up_minutes_and_the_week_adds_up_hours():
     minute = database_minute()
     for k in range(1, 5):
         insert_minute(
@@ -253,11 +261,43 @@ def test_longer_spans_add_up_the_minutes_of_each_point():
             {"default": {"pending": k, "scheduled": 0, "running": 0, "waiting": 0}},
             [("default", "tests.noop", 10, 0, [], [])],
         )
+    hour = minute.replace(minute=0)
+    with connection.cursor() as cursor:
+        for ago in (0, 1, 30):
+            cursor.execute(
+                "INSERT INTO pgqueue_hour_jobs (hour, queue, job_type, completed, failed,"
+                " cancelled, wait_ms, run_ms) VALUES (%s, 'default', 'tests.noop', 100, 2, 0,"
+                " '{}', '{0,0,5}')",
+                [hour - timedelta(hours=ago)],
+            )
 
     day = series("day")
     week = series("week")
 
     assert (len(day.times), len(week.times)) == (96, 84)
     assert sum(v for v in day.completed if v) == 40
-    assert sum(v for v in week.completed if v) == 40
     assert max(v for v in day.pending if v) == 4
+    assert week.times[-1] == hour - timedelta(hours=1)  # the last point ends with this hour
+    assert week.completed[-1] == 200 and week.failed[-1] == 4
+    assert week.completed[-16] == 100
+    assert week.run[0.5][-1] == pytest.approx(0.001 * 2**0.75, rel=0.01)
+
+
+def test_hours_are_the_sums_of_their_minutes():
+    hour = database_minute().replace(minute=0) - timedelta(hours=3)
+    insert_minute(hour + timedelta(minutes=5), {}, [("q", "t", 3, 1, [1, 2], [0, 0, 4])])
+    insert_minute(hour + timedelta(minutes=59), {}, [("q", "t", 2, 0, [0, 1], [])])
+    insert_minute(hour + timedelta(minutes=60), {}, [("q", "t", 7, 0, [], [])])
+
+    with connection.cursor() as cursor:
+        _roll_hours(cursor, hour + timedelta(minutes=10), hour + timedelta(minutes=90))
+        cursor.execute(
+            "SELECT hour, completed, failed, wait_ms, run_ms FROM pgqueue_hour_jobs ORDER BY 1"
+        )
+        rows = cursor.fetchall()
+
+    assert rows == [
+        (hour, 5, 1, [1, 3], [0, 0, 4]),
+        (hour + timedelta(hours=1), 7, 0, [], []),
+    ]
+    assert rolled_up_names() == (["q"], ["t"])

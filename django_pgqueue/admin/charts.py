@@ -19,9 +19,8 @@ from django.utils import timezone
 from django.utils.http import urlencode
 from django.utils.translation import gettext as _
 
-from .. import registry, rollups, validation
+from .. import conf, registry, rollups, validation
 from ..exceptions import InvalidArgumentError
-from ..queues import known_queues
 from .base import JobAdminBase
 from .formatting import TEMPLATES, short_duration
 from .svg import Line, line_chart
@@ -71,6 +70,8 @@ class ChartsPage(JobAdminBase):
                     )
             chosen[key] = value
         figures = rollups.series(span, queue=chosen["queue"], job_type=chosen["job_type"])
+        queues, job_types = rollups.rolled_up_names()
+        registered = registry.registered_job_types()
         site = self.admin_site.name
         here = reverse(f"{site}:django_pgqueue_job_charts")
         context = {
@@ -84,14 +85,24 @@ class ChartsPage(JobAdminBase):
             ],
             "queue": chosen["queue"] or "",
             "job_type": chosen["job_type"] or "",
-            "queues": known_queues(),
-            "job_types": registry.registered_job_types(),
+            "queues": sorted({*queues, *_queues_of(registered)}),
+            "job_types": sorted({*job_types, *registered}),
             "charts": _charts(figures, chosen["job_type"] is not None),
             "refresh": REFRESH_SECONDS,
             "changelist_url": reverse(f"{site}:django_pgqueue_job_changelist"),
             "overview_url": reverse(f"{site}:django_pgqueue_job_overview"),
         }
         return TemplateResponse(request, f"{TEMPLATES}/charts.html", context)
+
+
+def _queues_of(job_types: list[str]) -> set[str]:
+    """The default queue and those of ``job_types``' handlers."""
+    queues = {conf.get_settings().DEFAULT_QUEUE}
+    for job_type in job_types:
+        definition = registry.find_definition(job_type)
+        if definition is not None and definition.queue:
+            queues.add(definition.queue)
+    return queues
 
 
 def _given(chosen: dict[str, str | None]) -> dict[str, str]:

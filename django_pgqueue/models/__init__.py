@@ -25,7 +25,7 @@ from .operations import (
 from .operations import (
     RateLimitScope as RateLimitScope,
 )
-from .rollups import MinuteJobs, QueueMinute
+from .rollups import HourJobs, MinuteJobs, QueueMinute
 from .steps import EmittedEvent, JobStep
 from .transitions import JobQuerySet
 from .transitions import notify_queues as notify_queues
@@ -35,6 +35,7 @@ __all__ = [
     "ConcurrencyLimit",
     "DependencyOutcome",
     "EmittedEvent",
+    "HourJobs",
     "Job",
     "JobAttempt",
     "JobDependency",

@@ -1,5 +1,6 @@
 """The rollups the admin's charts draw: one row per minute sampled, one per minute, queue
-and job type of finished jobs (written by ``rollups.write_rollups()``)."""
+and job type of finished jobs, and the same per hour (written by
+``rollups.write_rollups()``)."""
 
 from __future__ import annotations
 
@@ -73,3 +74,40 @@ class MinuteJobs(JobsDatabaseModel):
 
     def __str__(self) -> str:
         return f"{self.minute.isoformat()} {self.queue} {self.job_type}"
+
+
+class HourJobs(JobsDatabaseModel):
+    """The jobs of one queue and job type that finished in one hour: the sums of its
+    ``MinuteJobs``, which the week's chart reads (168 rows a pair, not 10,080).
+
+    A row of ``pgqueue_hour_jobs``, rewritten from the minutes each minute.
+
+    Attributes:
+        hour (DateTimeField): The hour's start.
+        queue (CharField): The queue.
+        job_type (CharField): The job type.
+        completed (IntegerField): Jobs that completed in it.
+        failed (IntegerField): Jobs that failed for good in it.
+        cancelled (IntegerField): Jobs cancelled in it.
+        wait_ms (ArrayField): The histogram of their waiting times, due to start.
+        run_ms (ArrayField): The histogram of their run times.
+    """
+
+    pk = models.CompositePrimaryKey("hour", "queue", "job_type")
+    hour = models.DateTimeField()
+    queue = models.CharField(max_length=schema.QUEUE_MAX_LENGTH)
+    job_type = models.CharField(max_length=schema.JOB_TYPE_MAX_LENGTH)
+    completed = models.IntegerField(default=0)
+    failed = models.IntegerField(default=0)
+    cancelled = models.IntegerField(default=0)
+    wait_ms = ArrayField(models.IntegerField(), default=list)
+    run_ms = ArrayField(models.IntegerField(), default=list)
+
+    class Meta:
+        db_table = "pgqueue_hour_jobs"
+        ordering = ("-hour", "queue", "job_type")
+        verbose_name = _("hour of finished jobs")
+        verbose_name_plural = _("hours of finished jobs")
+
+    def __str__(self) -> str:
+        return f"{self.hour.isoformat()} {self.queue} {self.job_type}"

@@ -1,0 +1,6 @@
+"""The admin, for bench/admin_speed.py."""
+
+from django.contrib import admin
+from django.urls import path
+
+urlpatterns = [path("admin/", admin.site.urls)]
