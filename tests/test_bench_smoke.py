@@ -3,7 +3,8 @@
 The benchmark is not part of the test suite; this runs it at its smallest
 (``--smoke``: a few hundred jobs, one run, no peers, no chart) against the test run's
 server, so that a change to the package or to bench/ cannot leave it broken unnoticed;
-the same for the long-run pruning benchmark (bench/steady.py: 2 rounds of 200 jobs).
+the same for the long-run pruning benchmark (bench/steady.py: 2 rounds of 200 jobs) and
+the admin's speed at millions of jobs (bench/admin_speed.py: 2,000 jobs).
 """
 
 from __future__ import annotations
@@ -129,6 +130,20 @@ def test_bench_steady_smoke_run_measures_both_modes(tmp_path: Path) -> None:
     assert report.count("| Round |") == 2, report
     assert "last/first" in result.stdout
     assert not (tmp_path / "steady.png").exists()
+
+
+def test_admin_speed_smoke_run_times_every_page(tmp_path: Path) -> None:
+    result = run_smoke("admin_speed.py", tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    data = json.loads((tmp_path / "admin-speed.json").read_text())
+    assert data["jobs"] == 2_000
+    pages = data["pages"]
+    for page in ("job list", "queue overview", "charts, week", "errors", "a worker's page"):
+        assert pages[page]["median_ms"] > 0 and pages[page]["queries"] > 0, page
+    report = (tmp_path / "admin-speed.md").read_text()
+    assert report.startswith("# The admin at 2,000 jobs")
+    assert report.count("\n| ") == len(pages) + 1  # the header and a row per page
 
 
 def test_a_baseline_run_reports_each_figure_as_a_ratio_to_it(tmp_path: Path) -> None:
