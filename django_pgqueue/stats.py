@@ -15,16 +15,19 @@ Each figure is defined here, once:
   transaction's start).
 - *Recent* means the last ``WINDOW_SECONDS`` (60): ``*_last_minute`` counts jobs whose
   ``completed_at`` (or ``started_at``) falls in it, and the waiting times are those of
-  the jobs started in it. The ``*_last_hour`` counts and the per-status totals of
-  finished jobs are read only with ``snapshot(totals=True)``.
+  the jobs started in it. The ``*_last_hour`` and ``*_last_day`` counts come from the
+  per-minute rollups (``rollups``: the minutes that ended before the last one workers
+  rolled up), and ``failed`` counts every failed job; both are read only with
+  ``snapshot(totals=True)``.
 - A worker is ``alive`` while it heartbeats, ``not responding`` after
   ``PGQUEUE["STALE_AFTER"]`` seconds without a heartbeat, ``stopped`` once it shut down.
 
-Every query but the totals is served by an index, so a snapshot stays cheap on a table
-of millions of finished jobs: pending jobs through ``idx_jobs_claimable``, claimed and
-running ones through ``idx_jobs_worker``, and finished jobs only for the last minute,
-through a range of ``idx_jobs_finished``. The totals read every finished row: the admin's
-overview, opened on purpose, asks for them; frequent polling should not.
+Every query is served by an index or reads a small table, so a snapshot stays cheap on a
+table of millions of finished jobs: pending jobs through ``idx_jobs_claimable``, claimed
+and running ones through ``idx_jobs_worker``, finished jobs only for the last minute,
+through a range of ``idx_jobs_finished``, failed jobs (with totals) through
+``idx_jobs_failed``, and the last hour and day from the rollups. Completed and cancelled
+jobs are never counted whole: no index could serve it on millions of rows.
 """
 
 from __future__ import annotations
@@ -46,8 +49,12 @@ from .schema import FINISHED, IN_FLIGHT, JobStatus, status_in
 
 #: The window of "recent" figures: throughput and waiting times.
 WINDOW_SECONDS = 60
-#: The longer window of the ``*_last_hour`` counts (read with the totals).
+#: The longer windows of the ``*_last_hour`` and ``*_last_day`` counts (with the totals).
 HOUR_SECONDS = 3600
+DAY_SECONDS = 86400
+
+#: The finished states, in the order of the rollups' columns.
+_FINISHED_NAMES = ("completed", "failed", "cancelled")
 
 # The database's time at each statement (see the module docstring).
 _NOW = "statement_timestamp()"
@@ -117,13 +124,22 @@ SELECT queue, count(*),
  GROUP BY queue
 """
 
-# Every finished row: no index narrows it (see the module docstring).
-_FINISHED_TOTALS = f"""
-SELECT queue, status, count(*),
-       count(*) FILTER (WHERE completed_at >= {_NOW} - %(hour)s * interval '1 second')
-  FROM pgqueue_jobs
- WHERE {status_in(FINISHED)}
- GROUP BY queue, status
+# Every failed row, through the partial index idx_jobs_failed: failed jobs wait to be
+# handled, so they are few next to the completed ones.
+_FAILED_TOTALS = f"""
+SELECT queue, count(*) FROM pgqueue_jobs WHERE {status_in(JobStatus.FAILED)} GROUP BY queue
+"""
+
+# The last day's rollups (pgqueue_minute_jobs: a row per minute, queue and job type).
+_ROLLED_UP = f"""
+SELECT queue,
+       sum(completed) FILTER (WHERE minute >= {_NOW} - %(hour)s * interval '1 second'),
+       sum(failed) FILTER (WHERE minute >= {_NOW} - %(hour)s * interval '1 second'),
+       sum(cancelled) FILTER (WHERE minute >= {_NOW} - %(hour)s * interval '1 second'),
+       sum(completed), sum(failed), sum(cancelled)
+  FROM pgqueue_minute_jobs
+ WHERE minute >= {_NOW} - %(day)s * interval '1 second'
+ GROUP BY queue
 """
 
 
@@ -172,36 +188,40 @@ class QueueStats:
     rate_limit: str | None = None
     #: Every ``failed`` job of the queue (totals).
     failed: int | None = None
-    #: Every ``completed`` job of the queue (totals).
-    completed: int | None = None
-    #: Every ``cancelled`` job of the queue (totals).
-    cancelled: int | None = None
-    #: Jobs finished in the last ``HOUR_SECONDS``, by final status (totals).
+    #: Jobs finished in the last ``HOUR_SECONDS``, by final status, from the rollups
+    #: (totals).
     completed_last_hour: int | None = None
     failed_last_hour: int | None = None
     cancelled_last_hour: int | None = None
+    #: The same over the last ``DAY_SECONDS`` (totals).
+    completed_last_day: int | None = None
+    failed_last_day: int | None = None
+    cancelled_last_day: int | None = None
 
     def finished_last_minute(self, status: JobStatus) -> int:
         """Jobs that reached the finished ``status`` in the last ``WINDOW_SECONDS``."""
         return int(getattr(self, f"{JobStatus(status).value}_last_minute"))
 
     def jobs_by_status(self) -> dict[JobStatus, int | None]:
-        """Jobs in each state now, due or not (finished ones: ``None`` without totals)."""
+        """Jobs in each state counted now, due or not: the active states, and failed jobs
+        (``None`` without totals). Completed and cancelled jobs are not counted whole:
+        see the ``*_last_hour`` and ``*_last_day`` counts."""
         return {
             JobStatus.WAITING: self.waiting,
             JobStatus.PENDING: self.pending + self.scheduled,
             JobStatus.CLAIMED: self.claimed,
             JobStatus.RUNNING: self.running,
-            JobStatus.COMPLETED: self.completed,
             JobStatus.FAILED: self.failed,
-            JobStatus.CANCELLED: self.cancelled,
         }
 
     @property
     def has_jobs(self) -> bool:
-        """Whether any figure counts a job (with totals: any job the queue ever kept)."""
+        """Whether any figure counts a job (with totals: a failed one, or one finished in
+        the last day)."""
         return any(self.jobs_by_status().values()) or any(
-            getattr(self, f"{status.value}_last_minute") for status in FINISHED
+            getattr(self, f"{status.value}_{window}")
+            for status in FINISHED
+            for window in ("last_minute", "last_day")
         )
 
 
@@ -218,11 +238,12 @@ _COUNTS = (
     "cancelled_last_minute",
     "started_last_minute",
     "failed",
-    "completed",
-    "cancelled",
     "completed_last_hour",
     "failed_last_hour",
     "cancelled_last_hour",
+    "completed_last_day",
+    "failed_last_day",
+    "cancelled_last_day",
 )
 
 
@@ -307,12 +328,12 @@ def snapshot(*, using: str | None = None, totals: bool = False) -> Snapshot:
 
     A queue appears when it has waiting, pending, claimed or running jobs, jobs finished in the
     last minute, a paused state, a concurrency or rate limit, or a live worker serving it by
-    name; with ``totals=True``, also when it has any finished job. ``totals=True`` also
-    counts every finished job per status and those of the last hour: no index serves
-    that, so it reads all finished rows; leave it off for frequent polling.
+    name; with ``totals=True``, also when it has a failed job or jobs finished in the
+    last day. ``totals=True`` also counts every failed job (reading the failed rows, through
+    their index) and the jobs finished in the last hour and day (from the rollups).
     """
     alias = conf.jobs_database(using)
-    params = {"window": WINDOW_SECONDS, "hour": HOUR_SECONDS}
+    params = {"window": WINDOW_SECONDS, "hour": HOUR_SECONDS, "day": DAY_SECONDS}
     queues: dict[str, dict[str, Any]] = defaultdict(dict)
     held_by_worker: dict[str, int] = defaultdict(int)
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
@@ -349,9 +370,13 @@ def snapshot(*, using: str | None = None, totals: bool = False) -> Snapshot:
 
         finished_totals: dict[str, dict[str, int]] = defaultdict(dict)
         if totals:
-            cursor.execute(_FINISHED_TOTALS, params)
-            for name, status, count, last_hour in cursor.fetchall():
-                finished_totals[name].update({status: count, f"{status}_last_hour": last_hour})
+            cursor.execute(_FAILED_TOTALS)
+            for name, failed in cursor.fetchall():
+                finished_totals[name]["failed"] = failed
+            cursor.execute(_ROLLED_UP, params)
+            for name, *counts in cursor.fetchall():
+                keys = [f"{s}_{w}" for w in ("last_hour", "last_day") for s in _FINISHED_NAMES]
+                finished_totals[name].update(zip(keys, (int(c or 0) for c in counts), strict=True))
 
         cursor.execute("SELECT name, paused_at FROM pgqueue_queues WHERE paused_at IS NOT NULL")
         for name, paused_at in cursor.fetchall():
@@ -378,8 +403,10 @@ def snapshot(*, using: str | None = None, totals: bool = False) -> Snapshot:
             for name in worker.queues or ():
                 queues.setdefault(name, {})
     if totals:
-        zeros = {status.value: 0 for status in FINISHED} | {
-            f"{status.value}_last_hour": 0 for status in FINISHED
+        zeros = {"failed": 0} | {
+            f"{name}_{window}": 0
+            for name in _FINISHED_NAMES
+            for window in ("last_hour", "last_day")
         }
         for name in {*queues, *finished_totals}:
             queues[name].update(zeros | finished_totals.get(name, {}))

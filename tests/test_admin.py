@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from django_pgqueue.admin import HISTORY_SHOWN, LIVE_MAX_IDS, EstimatedCountPaginator
 from django_pgqueue.models import ConcurrencyLimit, Job, JobEvent, RateLimit, WorkerRecord
+from django_pgqueue.rollups import recount
 
 pytestmark = pytest.mark.django_db
 
@@ -560,23 +561,31 @@ def test_overview_counts_jobs_per_queue_and_status(client, operator, make_job):
     now = timezone.now()
     make_job(queue="mail", status="pending", run_at=now - timedelta(minutes=5))
     make_job(queue="mail", status="pending", run_at=now + timedelta(hours=1))
-    make_job(queue="mail", status="completed", completed_at=now - timedelta(seconds=10))
+    just_now = make_job(queue="mail", status="completed", completed_at=now - timedelta(seconds=10))
     make_job(queue="mail", status="completed", completed_at=now - timedelta(minutes=10))
     make_job(queue="mail", status="completed", completed_at=now - timedelta(hours=2))
     make_job(queue="mail", status="failed", completed_at=now - timedelta(minutes=10))
+    make_job(queue="mail", status="failed", completed_at=now - timedelta(days=3))
     make_job(queue="images", status="running", worker_id="w")
+    recount(now - timedelta(days=2))  # what workers roll up, minute by minute
+    # The last hour and day come from the rollups: the minutes that ended.
+    rolled = int(just_now.completed_at < database_minute())
 
     response = client.get(reverse(OVERVIEW))
 
     rows = {row["queue"]: row for row in response.context["queues"]}
     mail = rows["mail"]
-    assert (mail["pending"], mail["delayed"], mail["completed"], mail["failed"]) == (2, 1, 3, 1)
-    assert (mail["completed_last_minute"], mail["completed_last_hour"]) == (1, 2)
+    assert (mail["pending"], mail["delayed"], mail["failed"]) == (2, 1, 2)
+    assert mail["completed_last_minute"] == 1
+    assert mail["completed_last_hour"] == 1 + rolled
+    assert mail["completed_last_day"] == 2 + rolled
     assert mail["failed_last_hour"] == 1
+    assert "completed" not in mail and "cancelled" not in mail  # never counted whole
     assert mail["oldest_due_wait"].startswith("5m")
     assert rows["images"]["running"] == 1 and rows["images"]["oldest_due_wait"] == ""
     totals = response.context["totals"]
-    assert (totals["pending"], totals["running"], totals["completed"]) == (2, 1, 3)
+    assert (totals["pending"], totals["running"], totals["failed"]) == (2, 1, 2)
+    assert totals["completed_last_day"] == 2 + rolled
     content = response.content.decode()
     assert "?queue=mail&amp;status__exact=failed" in content
 
@@ -719,3 +728,9 @@ def test_overview_shows_limits_without_links_to_view_only_staff(client, staff, m
     [mail] = response.context["queues"]
     assert (mail["rate_limit"], mail["rate_limit_url"], mail["limit_url"]) == ("100/s", "", "")
     assert "/admin/django_pgqueue/ratelimit/" not in response.content.decode()
+
+
+def database_minute():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT date_trunc('minute', statement_timestamp())")
+        return cursor.fetchone()[0]

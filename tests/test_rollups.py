@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.db import connection, connections
+from django.utils import timezone
 
 from django_pgqueue import enqueue
+from django_pgqueue.exceptions import InvalidArgumentError
 from django_pgqueue.rollups import (
     BUCKETS,
     _roll_hours,
     bucket_bounds,
     percentile,
+    recount,
     rolled_up_names,
     series,
     write_rollups,
@@ -301,3 +304,20 @@ def test_hours_are_the_sums_of_their_minutes():
         (hour + timedelta(hours=1), 7, 0, [], []),
     ]
     assert rolled_up_names() == (["q"], ["t"])
+
+
+def test_recount_fills_the_past_from_the_jobs_in_the_table():
+    for hours in (3, 5):
+        finished(
+            "completed",
+            completed_ago=timedelta(hours=hours),
+            waited=timedelta(0),
+            ran=timedelta(seconds=1),
+        )
+
+    assert recount(timezone.now() - timedelta(hours=6)) == 2
+
+    assert sum(v for v in series("day").completed if v) == 2
+    assert sum(v for v in series("week").completed if v) == 2
+    with pytest.raises(InvalidArgumentError, match="since"):
+        recount(datetime(2030, 1, 1))  # naive

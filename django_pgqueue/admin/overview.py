@@ -39,6 +39,15 @@ WORKERS_SHOWN = 50
 JOBS_SHOWN = 50
 #: Seconds between the overview's reloads.
 REFRESH_SECONDS = 30
+#: The states the overview counts, a column each: completed and cancelled jobs are
+#: counted over the last hour and day instead (``stats.QueueStats.jobs_by_status()``).
+COUNTED = (
+    JobStatus.WAITING,
+    JobStatus.PENDING,
+    JobStatus.CLAIMED,
+    JobStatus.RUNNING,
+    JobStatus.FAILED,
+)
 
 
 class QueueOverview(JobAdminBase):
@@ -99,7 +108,7 @@ class QueueOverview(JobAdminBase):
             "title": _("Queue overview"),
             "opts": self.opts,
             "now": display_datetime(shot.taken_at),
-            "statuses": JobStatus.choices,
+            "statuses": [(status.value, status.label) for status in COUNTED],
             "queues": [
                 queue_row(queue, changelist) | self._queue_state(request, queue, edit)
                 for queue in shot.queues
@@ -227,7 +236,7 @@ def queue_row(queue: QueueStats, changelist: str) -> dict[str, Any]:
     age = queue.oldest_pending_age_seconds
     return {
         "queue": queue.name or None,
-        **{status.value: by_status[status] or 0 for status in JobStatus},
+        **{status.value: by_status[status] or 0 for status in COUNTED},
         "delayed": queue.scheduled,
         "held": queue.held,
         "held_url": f"{changelist}?{urlencode({**base, **_HELD})}",
@@ -238,13 +247,15 @@ def queue_row(queue: QueueStats, changelist: str) -> dict[str, Any]:
         "completed_last_hour": queue.completed_last_hour or 0,
         "failed_last_hour": queue.failed_last_hour or 0,
         "cancelled_last_hour": queue.cancelled_last_hour or 0,
+        "completed_last_day": queue.completed_last_day or 0,
+        "failed_last_day": queue.failed_last_day or 0,
         "counts": [
             {
                 "status": status.value,
                 "count": by_status[status] or 0,
                 "url": f"{changelist}?{urlencode({**base, 'status__exact': status.value})}",
             }
-            for status in JobStatus
+            for status in COUNTED
         ],
         "url": f"{changelist}?{urlencode(base)}",
     }
