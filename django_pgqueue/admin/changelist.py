@@ -21,8 +21,10 @@ from django.utils.functional import cached_property
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
+from .. import schema
 from ..due import due_q
 from ..models import Job
+from ..schema import IN_FLIGHT, JobStatus
 from .actions import rerun_choices
 from .base import JobPaginator
 from .charts import ChartsPage
@@ -33,6 +35,11 @@ from .live import LiveView
 from .overview import QueueOverview
 from .periodic import PeriodicPage
 from .workflows import WORKFLOW_FIELDSET, WorkflowCells, WorkflowFilter
+
+#: The columns the job list sorts by in any case: their order is idx_jobs_created's.
+INDEXED_SORTS = ("short_id", "created", "age")
+#: The states whose lists sort by every column (a partial index holds only their jobs).
+SORTS_EVERY_COLUMN = frozenset(schema.values(IN_FLIGHT | {JobStatus.PENDING}))
 
 #: The fieldset of the job page, added for jobs with durable steps.
 STEPS_FIELDSET = (gettext_lazy("Steps"), {"fields": ("steps_display",)})
@@ -98,6 +105,13 @@ def planner_estimate(queryset: QuerySet[Any]) -> int:
 class JobChangeList(ChangeList):
     """The changelist, without the large columns no list cell shows, and with whether
     each job is due as the database decides it (``is_due``, for the "runs at" column)."""
+
+    def get_ordering_field(self, field_name: Any) -> Any:
+        """A column's ordering, for a column the list may sort by (``JobAdmin``'s
+        ``get_sortable_by()``); an ``o`` parameter naming another is ignored."""
+        if field_name not in (self.sortable_by or ()):
+            return None
+        return super().get_ordering_field(field_name)
 
     def get_queryset(self, request: HttpRequest, *args: Any, **kwargs: Any) -> QuerySet[Job]:
         queryset: QuerySet[Job] = super().get_queryset(request, *args, **kwargs)
@@ -221,6 +235,14 @@ class JobAdmin(WorkflowCells, ErrorGroups, PeriodicPage, ChartsPage, LiveView, Q
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return JobChangeList
+
+    def get_sortable_by(self, request: HttpRequest) -> Any:
+        """Every column sorts a list narrowed to an active state (its partial index reads
+        only those jobs); otherwise only the columns of ``idx_jobs_created``, whose order
+        the index gives: sorting all jobs by another column reads every row."""
+        if request.GET.get("status__exact") in SORTS_EVERY_COLUMN:
+            return self.get_list_display(request)
+        return INDEXED_SORTS
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Job], search_term: str

@@ -14,7 +14,7 @@ from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 from django.utils.translation import gettext, gettext_lazy
 
-from .. import conf, registry
+from .. import conf, registry, rollups
 from ..models import Job
 
 #: Newest jobs read to offer queue and job type filter choices (never the whole table).
@@ -32,6 +32,18 @@ def recent_values(column: str) -> list[str]:
             [RECENT_JOBS_FOR_FILTERS],
         )
         return [row[0] for row in cursor.fetchall()]
+
+
+def known_job_types() -> set[str]:
+    """The job types a search finds by part of their name: those registered in this
+    process, those of the newest jobs, and those the rollups hold (jobs finished within
+    ``ROLLUP_RETENTION``). Matching them here, not with ``ILIKE`` over the table, keeps a
+    search from reading every row."""
+    return {
+        *registry.registered_job_types(),
+        *recent_values("job_type"),
+        *rollups.rolled_up_names()[1],
+    }
 
 
 class _ValuesFilter(admin.SimpleListFilter):
@@ -142,8 +154,8 @@ def search_filter(term: str) -> Q | None:
     - ``{...}``: jobs whose ``data`` contains that JSON object;
     - ``key=value``: jobs whose ``data`` has ``key`` equal to ``value``, read as JSON
       when it parses (``42``, ``true``) and also as text; ``"42"`` is only text;
-    - anything else: job types containing the term, and the job with that exact
-      ``unique_key``.
+    - anything else: jobs of the known job types (``known_job_types()``) whose name
+      contains the term, whatever its case, and the job with that exact ``unique_key``.
 
     ``data`` is matched with ``@>`` (containment), which the ``jsonb_path_ops`` GIN index
     ``idx_jobs_data`` serves. A term PostgreSQL could not compare (a NUL character, or
@@ -172,4 +184,7 @@ def search_filter(term: str) -> Q | None:
         if not isinstance(value, str):  # 42 may have been sent as "42"; "42" means text
             condition |= Q(data__contains={key: raw})
         return condition
-    return Q(job_type__icontains=term) | Q(unique_key=term)
+    folded = term.casefold()
+    matching = sorted(name for name in known_job_types() if folded in name.casefold())
+    condition = Q(unique_key=term)
+    return condition | Q(job_type__in=matching) if matching else condition

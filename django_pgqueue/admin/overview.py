@@ -24,13 +24,14 @@ from django.urls import reverse
 from django.utils.http import urlencode
 from django.utils.translation import gettext as _
 
-from .. import stats, validation
+from .. import rollups, stats, validation
 from ..exceptions import InvalidArgumentError
 from ..models import ConcurrencyLimit, QueueState, RateLimit
 from ..queues import known_queues, pause_queue, resume_queue
 from ..schema import IN_FLIGHT, JobStatus
 from ..stats import QueueStats, WorkerState, WorkerStats
 from .base import JobAdminBase
+from .filters import recent_values
 from .formatting import TEMPLATES, display_datetime, short_duration
 
 #: Most workers listed (the newest heartbeats first, after the state).
@@ -216,9 +217,12 @@ class QueueOverview(JobAdminBase):
 
 def queue_exists(name: str) -> bool:
     """Whether anything names queue ``name``: the queues ``pgqueue_queue list`` shows,
-    or any job, finished ones too (the overview lists those)."""
-    return name in known_queues() or any(
-        queue.name == name for queue in stats.snapshot(totals=True).queues
+    the queues of the newest jobs, or of jobs finished within the rollups' retention
+    (never a search of the whole jobs table)."""
+    return (
+        name in known_queues()
+        or name in recent_values("queue")
+        or name in rollups.rolled_up_names()[0]
     )
 
 
