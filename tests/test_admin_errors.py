@@ -133,3 +133,22 @@ def test_no_failed_jobs_says_so(admin_client, make_job):
 
     assert page.context["groups"] == []
     assert "No failed jobs." in page.content.decode()
+
+
+def test_each_group_quotes_its_own_newest_error_when_moments_are_shared(admin_client, make_job):
+    moment = timezone.now() - timedelta(minutes=5)
+    for error, completed_at in (
+        ("TimeoutError: the newest", moment + timedelta(minutes=4)),
+        ("TimeoutError: older, at the other group's moment", moment),
+        ("KeyError: 'sku'", moment),
+    ):
+        make_job(
+            job_type="shop.charge", status="failed", last_error=error, completed_at=completed_at
+        )
+
+    page = admin_client.get(reverse(ERRORS))
+
+    assert {(job_type, error): message for job_type, error, _, message in rows(page)} == {
+        ("shop.charge", "TimeoutError"): "TimeoutError: the newest",
+        ("shop.charge", "KeyError"): "KeyError: 'sku'",
+    }

@@ -15,7 +15,7 @@ from typing import Any, cast
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
-from django.db.models import CharField, Count, F, Func, Max, OuterRef, QuerySet, Subquery, Value
+from django.db.models import CharField, Count, F, Func, Max, Q, QuerySet, Value
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -60,6 +60,31 @@ def failed_group(jobs: QuerySet[Job], job_type: str, error: str) -> QuerySet[Job
     return of_error_class(jobs.filter(status=JobStatus.FAILED, job_type=job_type), error)
 
 
+def _newest_errors(
+    failed: QuerySet[Job], groups: list[dict[str, Any]]
+) -> dict[tuple[str, str], str]:
+    """The error of each group's newest job, by (job type, error class): the jobs of its
+    job type that failed at its latest moment, through ``idx_jobs_failed`` (job type,
+    then time), one statement for every group."""
+    if not groups:
+        return {}
+    moments = Q()
+    for group in groups:
+        moments |= Q(job_type=group["job_type"], completed_at=group["latest"])
+    latest = {(group["job_type"], group["error_class"]): group["latest"] for group in groups}
+    found: dict[tuple[str, str], str] = {}
+    rows = (
+        failed.filter(moments)
+        .annotate(error_class=error_class())
+        .values_list("job_type", "error_class", "completed_at", "last_error")
+    )
+    for job_type, error, moment, message in rows:
+        # Another group's moment may hold an older job of this group: not its newest.
+        if latest.get((job_type, error)) == moment:
+            found.setdefault((job_type, error), message)
+    return found
+
+
 class ErrorFilter(admin.SimpleListFilter):
     """Jobs whose error class is the one given (``?error=ValueError``), linked from the
     errors page; shown in the sidebar only while it filters."""
@@ -88,20 +113,17 @@ class ErrorGroups(JobActions):
         site = self.admin_site.name
         changelist = reverse(f"{site}:django_pgqueue_job_changelist")
         failed = self.get_queryset(request).filter(status=JobStatus.FAILED)
-        # The newest error of each group, read by the same statement.
-        newest = (
-            of_error_class(failed.filter(job_type=OuterRef("job_type")), OuterRef("error_class"))
-            .order_by("-completed_at")
-            .values("last_error")[:1]
-        )
         groups = list(
             failed.annotate(error_class=error_class())
             .values("job_type", "error_class")
-            .annotate(jobs=Count("id"), latest=Max("completed_at"), message=Subquery(newest))
+            .annotate(jobs=Count("id"), latest=Max("completed_at"))
             .order_by("-jobs", "job_type", "error_class")[: GROUPS_SHOWN + 1]
         )
+        messages = _newest_errors(failed, groups[:GROUPS_SHOWN])
         retry = self.has_retry_permission(request)
-        rows = [self._group_row(group, changelist, retry) for group in groups[:GROUPS_SHOWN]]
+        rows = [
+            self._group_row(group, messages, changelist, retry) for group in groups[:GROUPS_SHOWN]
+        ]
         context = {
             **self.admin_site.each_context(request),
             "title": _("Errors"),
@@ -113,10 +135,16 @@ class ErrorGroups(JobActions):
         }
         return TemplateResponse(request, f"{TEMPLATES}/errors.html", context)
 
-    def _group_row(self, group: dict[str, Any], changelist: str, retry: bool) -> dict[str, Any]:
+    def _group_row(
+        self,
+        group: dict[str, Any],
+        messages: dict[tuple[str, str], str],
+        changelist: str,
+        retry: bool,
+    ) -> dict[str, Any]:
         job_type, error = group["job_type"], group["error_class"]
         filters = {"status__exact": JobStatus.FAILED.value, "job_type": job_type, "error": error}
-        message = group["message"] or ""
+        message = messages.get((job_type, error), "")
         return {
             "job_type": job_type,
             "error_class": error,
