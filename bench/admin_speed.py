@@ -135,6 +135,12 @@ def fill(jobs: int) -> float:
             "INSERT INTO pgqueue_workers (worker_id, hostname, pid, concurrency)"
             " VALUES ('bench-worker', 'bench', 1, 4)"
         )
+        # A queue and a job type of ten jobs, the oldest of all: filters that match few.
+        cursor.execute(
+            "INSERT INTO pgqueue_jobs (job_type, queue, status, created_at, completed_at)"
+            " SELECT 'bench.rare', 'rare', 'completed', now() - interval '8 days',"
+            " now() - interval '8 days' FROM generate_series(1, 10)"
+        )
     save_schedule("bench-nightly", "bench.noop", "0 3 * * *")
     return time.perf_counter() - started
 
@@ -157,6 +163,9 @@ def pages(jobs: int) -> list[tuple[str, str]]:
         ("job list, failed", f"{changelist}?status__exact=failed"),
         ("job list, pending", f"{changelist}?status__exact=pending"),
         ("job list, running", f"{changelist}?status__exact=running"),
+        ("job list, waiting (none)", f"{changelist}?status__exact=waiting"),
+        ("job list, a queue of ten old jobs", f"{changelist}?queue=rare"),
+        ("job list, a job type of ten old jobs", f"{changelist}?job_type=bench.rare"),
         ("job list, one queue", f"{changelist}?queue=queue3"),
         ("job list, one job type", f"{changelist}?job_type=bench.type7"),
         ("job list, queue and status", f"{changelist}?queue=queue1&status__exact=failed"),

@@ -25,7 +25,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from django_pgqueue import enqueue
-from django_pgqueue.models import Job, WorkerRecord
+from django_pgqueue.models import Job, QueueMinute, WorkerRecord
+from django_pgqueue.rollups import recount
 
 from .availability import unavailable
 from .workers import ROOT, wait_for, worker_thread
@@ -307,6 +308,7 @@ def test_the_queue_overview_shows_queues_and_workers(page, staff, make_job, scre
             completed_at=timezone.now(),
         )
     make_job(job_type="shop.make_thumbnail", queue="images", run_at=timezone.now())
+    recount(timezone.now() - timedelta(hours=1))  # the rollups workers write each minute
     log_in(page, staff("watcher", "view_job"))
 
     with worker_thread(concurrency=2, queues=["reports"]) as worker:
@@ -315,10 +317,13 @@ def test_the_queue_overview_shows_queues_and_workers(page, staff, make_job, scre
         page.wait_for_url("**/overview/")
 
         queues = page.locator("#pgqueue-queues tbody tr th")
-        # default has only jobs completed before the last day: no figure counts them.
-        assert queues.all_inner_texts() == ["emails", "images"]
+        # default's only job was cancelled 5 minutes ago: the last day counts it.
+        assert queues.all_inner_texts() == ["default", "emails", "images"]
         emails = page.locator("#pgqueue-queues tbody tr", has_text="emails")
         assert emails.locator(".pgqueue-completed-last-minute").inner_text() == "3"
+        assert emails.locator(".pgqueue-completed-last-hour").inner_text() == "1"  # 12 min ago
+        images = page.locator("#pgqueue-queues tbody tr", has_text="images")
+        assert images.locator(".pgqueue-failed-last-hour").inner_text() == "1"
         workers = page.locator("#pgqueue-workers tr.pgqueue-worker-row")
         assert "alive" in workers.filter(has_text=worker.worker_id).inner_text()
         screenshot(page, "admin-overview.png")
@@ -333,3 +338,101 @@ def test_the_changelist_fits_a_1280_pixel_wide_window(page, staff, make_job):
     overflow = page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
 
     assert overflow <= 0, f"the job list is {overflow}px wider than a 1280px window"
+
+
+def test_the_charts_draw_the_rollups_and_narrow_to_a_span(page, staff, make_job, screenshot):
+    scenery(make_job)
+    now = timezone.now()
+    for minutes in range(1, 50):
+        for _ in range(minutes % 7 + 1):
+            make_job(
+                job_type="shop.send_welcome_email",
+                queue="emails",
+                status="completed" if minutes % 11 else "failed",
+                run_at=now - timedelta(minutes=minutes, seconds=3),
+                started_at=now - timedelta(minutes=minutes, seconds=minutes % 3),
+                completed_at=now - timedelta(minutes=minutes),
+            )
+    recount(now - timedelta(hours=1))
+    minute = now.replace(second=0, microsecond=0)
+    QueueMinute.objects.bulk_create(
+        QueueMinute(
+            minute=minute - timedelta(minutes=k),
+            depths={"emails": {"pending": 40 - k % 30, "scheduled": 3, "running": 2, "waiting": 0}},
+        )
+        for k in range(50)
+    )
+    log_in(page, staff("watcher", "view_job"))
+
+    page.get_by_role("link", name="Charts").click()
+    page.wait_for_url("**/charts/")
+
+    figures = page.locator("figure.pgqueue-figure")
+    assert figures.count() == 4
+    finished = figures.filter(has_text="Jobs finished, per minute")
+    assert finished.locator("polyline").count() >= 2  # completed and failed, with data
+    assert "No rollups" not in page.locator("#content-main").inner_text()
+    screenshot(page, "admin-charts.png", full_page=True)
+
+    page.get_by_role("link", name="Day").click()
+    page.wait_for_url("**/charts/?span=day")
+    assert "Jobs finished, per 15 minutes" in page.locator("#content-main").inner_text()
+    page.select_option("select[name=queue]", "emails")
+    page.get_by_role("button", name="Show").click()
+    page.wait_for_url("**queue=emails**")
+    assert page.locator("figure.pgqueue-figure").count() == 4
+
+
+def test_staff_add_a_schedule_then_pause_it_from_the_periodic_page(page, staff, screenshot):
+    log_in(
+        page,
+        staff("planner", "view_job", "retry_job", "add_storedschedule", "change_storedschedule"),
+    )
+
+    page.get_by_role("link", name="Periodic jobs").click()
+    page.get_by_role("link", name="Add a schedule").click()
+    page.fill("#id_name", "nightly-export")
+    page.select_option("#id_job_type", "tests.noop")
+    page.fill("#id_schedule", "0 3 * * *")
+    page.fill("#id_timezone", "Mars/Olympus")
+    page.get_by_role("button", name="Save", exact=True).click()
+    assert "must be an IANA time zone name" in page.locator(".errorlist").inner_text()
+    page.fill("#id_timezone", "Europe/Paris")
+    page.get_by_role("button", name="Save", exact=True).click()
+    page.wait_for_url("**/storedschedule/")
+
+    page.goto(reverse("admin:django_pgqueue_job_periodic"))
+    row = page.locator("tr.pgqueue-schedule", has_text="nightly-export")
+    assert "the admin (stored)" in row.inner_text()
+    row.get_by_role("button", name="Pause").click()
+    page.wait_for_url("**/periodic/")
+    assert "Periodic job “nightly-export” paused" in page.locator(".messagelist").inner_text()
+    row = page.locator("tr.pgqueue-schedule", has_text="nightly-export")
+    assert "Paused" in row.inner_text()
+    assert row.get_by_role("button", name="Resume").is_visible()
+    screenshot(page, "admin-periodic.png")
+
+
+def test_the_errors_page_groups_failures_and_links_to_them(page, staff, make_job, screenshot):
+    scenery(make_job)
+    now = timezone.now()
+    for n in range(3):
+        make_job(
+            job_type="shop.charge_card",
+            queue="payments",
+            status="failed",
+            attempts=3,
+            completed_at=now - timedelta(minutes=n),
+            last_error=f"payments.GatewayTimeout: no answer from the gateway in 30s (order {n})",
+        )
+    log_in(page, staff("watcher", "view_job"))
+
+    page.get_by_role("link", name="Errors").click()
+    page.wait_for_url("**/errors/")
+
+    group = page.locator("tr.pgqueue-error-group", has_text="GatewayTimeout")
+    assert "3" in group.inner_text()
+    screenshot(page, "admin-errors.png")
+    group.get_by_role("link", name="3").click()
+    page.wait_for_url("**error=payments.GatewayTimeout**")
+    assert page.locator("#result_list tbody tr").count() == 3

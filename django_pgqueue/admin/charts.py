@@ -39,8 +39,8 @@ def seconds_label(value: float) -> str:
 
 
 def count_label(value: float) -> str:
-    """``0``, ``25``, ``1,250``."""
-    return f"{value:,.0f}"
+    """``0``, ``0.5``, ``25``, ``1,250``."""
+    return f"{value:,.0f}" if value == int(value) else f"{value:,.1f}"
 
 
 class ChartsPage(JobAdminBase):
