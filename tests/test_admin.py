@@ -22,6 +22,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
+from django_pgqueue import enqueue
 from django_pgqueue.admin import HISTORY_SHOWN, LIVE_MAX_IDS, EstimatedCountPaginator
 from django_pgqueue.models import ConcurrencyLimit, Job, JobEvent, RateLimit, WorkerRecord
 from django_pgqueue.rollups import recount
@@ -764,3 +765,12 @@ def test_only_indexed_columns_sort_all_jobs_and_every_column_sorts_active_ones(
     assert [job.pk for job in everything.context["cl"].result_list] == [high.pk, low.pk]
     assert "priority" not in everything.context["cl"].sortable_by
     assert [job.pk for job in pending.context["cl"].result_list] == [low.pk, high.pk]
+
+
+def test_the_waiting_filter_lists_the_jobs_that_wait_for_others(client, operator):
+    first = enqueue("tests.noop")
+    waiting = enqueue("tests.noop", depends_on=[first])
+
+    response = client.get(reverse(CHANGELIST), {"status__exact": "waiting"})
+
+    assert [job.pk for job in response.context["cl"].result_list] == [waiting.pk]

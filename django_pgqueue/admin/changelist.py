@@ -23,7 +23,7 @@ from django.utils.translation import gettext_lazy
 
 from .. import schema
 from ..due import due_q
-from ..models import Job
+from ..models import Job, JobWait
 from ..schema import IN_FLIGHT, JobStatus
 from .actions import rerun_choices
 from .base import JobPaginator
@@ -115,6 +115,10 @@ class JobChangeList(ChangeList):
 
     def get_queryset(self, request: HttpRequest, *args: Any, **kwargs: Any) -> QuerySet[Job]:
         queryset: QuerySet[Job] = super().get_queryset(request, *args, **kwargs)
+        if request.GET.get("status__exact") == JobStatus.WAITING.value:
+            # Every waiting job has a row of the small pgqueue_job_waits: found from
+            # there, not by reading the jobs table (no index holds their status).
+            queryset = queryset.filter(pk__in=JobWait.objects.values("job_id"))
         deferred = queryset.defer("data", "result", "last_error", "last_traceback", "worker_ids")
         return deferred.annotate(is_due=ExpressionWrapper(due_q(), output_field=BooleanField()))
 
