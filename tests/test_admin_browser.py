@@ -25,6 +25,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from django_pgqueue import enqueue
+from django_pgqueue.admin import charts, overview
 from django_pgqueue.models import Job, QueueMinute, WorkerRecord
 from django_pgqueue.rollups import recount
 
@@ -144,6 +145,14 @@ def mark_page(page: Any) -> None:
 
 def page_was_reloaded(page: Any) -> bool:
     return page.evaluate("window.pgqueueTestMark !== true")
+
+
+def reloaded_by_itself(page: Any) -> bool:
+    """Whether the marked page was replaced; ``False`` while it is being replaced."""
+    try:
+        return page_was_reloaded(page)
+    except Exception:  # the old document is gone, the new one not there yet
+        return False
 
 
 def scenery(make_job: Callable[..., Job]) -> None:
@@ -436,3 +445,25 @@ def test_the_errors_page_groups_failures_and_links_to_them(page, staff, make_job
     group.get_by_role("link", name="3").click()
     page.wait_for_url("**error=payments.GatewayTimeout**")
     assert page.locator("#result_list tbody tr").count() == 3
+
+
+def test_the_overview_and_the_charts_reload_themselves(page, staff, make_job, monkeypatch):
+    monkeypatch.setattr(charts, "REFRESH_SECONDS", 1)
+    monkeypatch.setattr(overview, "REFRESH_SECONDS", 1)
+    log_in(page, staff("watcher", "view_job"))
+
+    page.goto(reverse("admin:django_pgqueue_job_charts"))
+    assert page.locator("figure.pgqueue-figure polyline").count() == 0  # no rollups yet
+    mark_page(page)
+    now = timezone.now()
+    make_job(queue="emails", status="completed", completed_at=now - timedelta(minutes=2))
+    recount(now - timedelta(minutes=5))
+    wait_for(lambda: reloaded_by_itself(page), timeout=10)
+    page.wait_for_selector("figure.pgqueue-figure polyline", state="attached")
+
+    page.goto(reverse("admin:django_pgqueue_job_overview"))
+    assert page.locator("#pgqueue-queues tbody tr th").all_inner_texts() == ["emails"]
+    mark_page(page)
+    make_job(queue="images", run_at=timezone.now())
+    wait_for(lambda: reloaded_by_itself(page), timeout=10)
+    page.wait_for_selector("#pgqueue-queues tbody tr th:has-text('images')")

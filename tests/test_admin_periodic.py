@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.admin.models import LogEntry
+from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
@@ -304,3 +305,15 @@ def test_an_ignored_stored_schedule_is_named_on_the_page(admin_client, schedules
     assert "Stored schedule “digest” is ignored: the code or settings declare" in (
         page.content.decode()
     )
+
+
+def test_pausing_and_adding_schedules_need_a_csrf_token(django_user_model, schedules):
+    user = django_user_model.objects.create_superuser("root", "root@example.com", "pw")
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(user)
+
+    assert client.post(pause_url("digest")).status_code == 403
+    assert client.post(reverse(ADD), form()).status_code == 403
+
+    assert paused_schedules() == {}
+    assert not StoredSchedule.objects.exists()
