@@ -39,25 +39,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def _on_a_server() -> int:
-    """Run this script again on a fresh database: of ``--database-url``, else of a
-    durable server started as bench/run.py starts its own (``fsync`` on)."""
-    from bench.run import drop_database, fresh_database, postgres
-
-    url = None
-    if "--database-url" in sys.argv:
-        url = sys.argv[sys.argv.index("--database-url") + 1]
-    with postgres(url) as admin_url:
-        database = fresh_database(admin_url, "durable_steps")
-        try:
-            env = {**os.environ, "BENCH_DATABASE_URL": database}
-            return subprocess.run([sys.executable, __file__, *sys.argv[1:]], env=env).returncode
-        finally:
-            drop_database(admin_url, database)
-
-
 if __name__ == "__main__" and not os.environ.get("BENCH_DATABASE_URL"):
-    raise SystemExit(_on_a_server())
+    from bench.run import rerun_on_a_fresh_database
+
+    raise SystemExit(rerun_on_a_fresh_database(__file__, "durable_steps"))
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.django_settings")
 

@@ -201,18 +201,15 @@ def build_schedule(
     """
     job_type = validation.job_type(fields.get("job_type"), label("job_type"))
     cron = validate_cron(fields.get("schedule"), label("schedule"))
-    queue = fields.get("queue")
-    if queue is not None:
-        validation.queue(queue, label("queue"))
-    priority = fields.get("priority")
-    if priority is not None:
-        validation.priority(priority, label("priority"))
-    max_attempts = fields.get("max_attempts")
-    if max_attempts is not None:
-        validation.max_attempts(max_attempts, label("max_attempts"))
-    unique_key = fields.get("unique_key")
-    if unique_key is not None:
-        validation.unique_key(unique_key, label("unique_key"))
+    optional: tuple[tuple[str, Callable[[Any, str], Any]], ...] = (
+        ("queue", validation.queue),
+        ("priority", validation.priority),
+        ("max_attempts", validation.max_attempts),
+        ("unique_key", validation.unique_key),
+    )
+    for key, check in optional:
+        if fields.get(key) is not None:
+            check(fields[key], label(key))
     data = fields.get("data")
     if data is not None:
         validation.payload(data, label("data"), max_bytes=max_payload_bytes)
@@ -233,9 +230,9 @@ def build_schedule(
         cron=cron,
         timezone=zone,
         data=data,
-        queue=queue,
-        priority=priority,
-        max_attempts=max_attempts,
-        unique_key=unique_key,
+        queue=fields.get("queue"),
+        priority=fields.get("priority"),
+        max_attempts=fields.get("max_attempts"),
+        unique_key=fields.get("unique_key"),
         stored=stored,
     )

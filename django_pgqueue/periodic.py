@@ -381,12 +381,7 @@ def pause_schedule(name: str, *, using: str | None = None) -> bool:
     Raises:
         LookupError: No schedule is named ``name``.
     """
-    alias = conf.jobs_database(using)
-    schedule = _find(name, alias)
-    tick = schedule.latest_tick(database_now(alias))
-    with connections[alias].cursor() as cursor:
-        cursor.execute(_PAUSE, [name, schedule.signature, tick])
-        changed = cursor.fetchone() is not None
+    _, _, changed = _set_paused(name, True, using)
     if changed:
         logger.info("periodic job %s paused", name)
     return changed
@@ -402,15 +397,24 @@ def resume_schedule(name: str, *, using: str | None = None) -> bool:
     Raises:
         LookupError: No schedule is named ``name``.
     """
+    schedule, tick, changed = _set_paused(name, False, using)
+    if changed:
+        logger.info("periodic job %s resumed; its next tick is %s", name, schedule.next_tick(tick))
+    return changed
+
+
+def _set_paused(name: str, paused: bool, using: str | None) -> tuple[Schedule, datetime, bool]:
+    """Pause or resume ``name``, its latest tick (by the database's clock) counting as
+    recorded; return the schedule, that tick and whether its row changed."""
     alias = conf.jobs_database(using)
     schedule = _find(name, alias)
     tick = schedule.latest_tick(database_now(alias))
     with connections[alias].cursor() as cursor:
-        cursor.execute(_RESUME, [tick, name])
-        changed = cursor.fetchone() is not None
-    if changed:
-        logger.info("periodic job %s resumed; its next tick is %s", name, schedule.next_tick(tick))
-    return changed
+        if paused:
+            cursor.execute(_PAUSE, [name, schedule.signature, tick])
+        else:
+            cursor.execute(_RESUME, [tick, name])
+        return schedule, tick, cursor.fetchone() is not None
 
 
 def paused_schedules(using: str | None = None) -> dict[str, datetime]:

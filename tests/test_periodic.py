@@ -24,7 +24,7 @@ from django_pgqueue.models import Job, JobStatus, PeriodicTick
 from django_pgqueue.periodic import declared_schedules, enqueue_due_ticks
 from django_pgqueue.testing import assert_enqueued
 from tests.testapp.models import Execution
-from tests.workers import WorkerProcess, wait_for, worker_thread
+from tests.workers import WorkerProcess, enqueue_ticks_in_step, wait_for, worker_thread
 
 # A Monday; "*/5 * * * *" ticks at 12:00, 12:05, ...
 T0 = datetime(2030, 1, 7, 12, 1, 30, tzinfo=UTC)
@@ -394,16 +394,6 @@ def test_check_reports_a_schedule_entry_named_like_a_decorated_schedule(
 # Several processes ---------------------------------------------------------------------
 
 
-def _race(barrier, nows):
-    # A forked child: the parent closed its connections, so this one opens its own.
-    try:
-        for now in nows:
-            barrier.wait(timeout=30)
-            enqueue_due_ticks(now=now)
-    finally:
-        connections.close_all()
-
-
 # Forked on purpose: the children inherit the test's settings override. Python 3.12+
 # warns that a multi-threaded parent may deadlock a forked child; the children here only
 # open their own connections and enqueue.
@@ -416,7 +406,9 @@ def test_concurrent_processes_enqueue_each_tick_exactly_once(pgqueue_settings):
     context = multiprocessing.get_context("fork")
     barrier = context.Barrier(4)
     connections.close_all()  # children must not share the parent's socket
-    processes = [context.Process(target=_race, args=(barrier, nows)) for _ in range(4)]
+    processes = [
+        context.Process(target=enqueue_ticks_in_step, args=(barrier, nows)) for _ in range(4)
+    ]
     for process in processes:
         process.start()
     for process in processes:

@@ -29,7 +29,7 @@ from django_pgqueue.periodic import (
 )
 from django_pgqueue.stored_schedules import delete_schedule, save_schedule
 from tests.testapp.models import Execution
-from tests.workers import WorkerProcess, wait_for
+from tests.workers import WorkerProcess, enqueue_ticks_in_step, wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -275,16 +275,6 @@ def test_a_stored_schedule_pauses_like_any_other():
 # Racing ---------------------------------------------------------------------------------
 
 
-def _race(barrier, nows):
-    # A forked child: the parent closed its connections, so this one opens its own.
-    try:
-        for now in nows:
-            barrier.wait(timeout=30)
-            enqueue_due_ticks(now=now)
-    finally:
-        connections.close_all()
-
-
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_processes_enqueue_each_tick_of_a_stored_schedule_once():
@@ -293,7 +283,9 @@ def test_concurrent_processes_enqueue_each_tick_of_a_stored_schedule_once():
     context = multiprocessing.get_context("fork")
     barrier = context.Barrier(4)
     connections.close_all()  # children must not share the parent's socket
-    processes = [context.Process(target=_race, args=(barrier, nows)) for _ in range(4)]
+    processes = [
+        context.Process(target=enqueue_ticks_in_step, args=(barrier, nows)) for _ in range(4)
+    ]
     for process in processes:
         process.start()
     for process in processes:

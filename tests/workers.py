@@ -117,3 +117,16 @@ class WorkerProcess:
             self.process.kill()
             self.process.wait(timeout=10)
         self.log.close()
+
+
+def enqueue_ticks_in_step(barrier, nows) -> None:
+    """In a forked child: ``enqueue_due_ticks(now=...)`` at each of ``nows``, each in step
+    with the other children (``barrier``); the child opens its own connections."""
+    from django_pgqueue.periodic import enqueue_due_ticks
+
+    try:
+        for now in nows:
+            barrier.wait(timeout=30)
+            enqueue_due_ticks(now=now)
+    finally:
+        connections.close_all()

@@ -233,6 +233,8 @@ class Job(JobsDatabaseModel):
                 fields=["job_type", "completed_at"],
                 name="idx_jobs_failed",
                 condition=Q(status=JobStatus.FAILED.value),
+                # The overview counts failed jobs per queue from the index alone.
+                include=["queue"],
             ),
             # The admin lists newest first (then by id, for a stable order): without it
             # every page of the changelist sorts the whole table.

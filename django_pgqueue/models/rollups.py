@@ -39,25 +39,22 @@ class QueueMinute(JobsDatabaseModel):
         return self.minute.isoformat()
 
 
-class MinuteJobs(JobsDatabaseModel):
-    """The jobs of one queue and job type that finished in one minute.
+class FinishedJobsRollup(JobsDatabaseModel):
+    """What a rollup of finished jobs counts, for one queue and job type in its period.
 
-    A row of ``pgqueue_minute_jobs``. The histograms count jobs per bucket of duration
-    (``rollups.bucket_bounds()``), without their trailing empty buckets.
+    The histograms count jobs per bucket of duration (``rollups.bucket_bounds()``),
+    without their trailing empty buckets.
 
     Attributes:
-        minute (DateTimeField): The minute's start.
         queue (CharField): The queue.
         job_type (CharField): The job type.
-        completed (IntegerField): Jobs that completed in it.
+        completed (IntegerField): Jobs that completed in the period.
         failed (IntegerField): Jobs that failed for good in it.
         cancelled (IntegerField): Jobs cancelled in it.
         wait_ms (ArrayField): The histogram of their waiting times, due to start.
         run_ms (ArrayField): The histogram of their run times.
     """
 
-    pk = models.CompositePrimaryKey("minute", "queue", "job_type")
-    minute = models.DateTimeField()
     queue = models.CharField(max_length=schema.QUEUE_MAX_LENGTH)
     job_type = models.CharField(max_length=schema.JOB_TYPE_MAX_LENGTH)
     completed = models.IntegerField(default=0)
@@ -65,6 +62,23 @@ class MinuteJobs(JobsDatabaseModel):
     cancelled = models.IntegerField(default=0)
     wait_ms = ArrayField(models.IntegerField(), default=list)
     run_ms = ArrayField(models.IntegerField(), default=list)
+
+    class Meta:
+        abstract = True
+
+
+class MinuteJobs(FinishedJobsRollup):
+    """The jobs of one queue and job type that finished in one minute (the fields of
+    ``FinishedJobsRollup``).
+
+    A row of ``pgqueue_minute_jobs``.
+
+    Attributes:
+        minute (DateTimeField): The minute's start.
+    """
+
+    pk = models.CompositePrimaryKey("minute", "queue", "job_type")
+    minute = models.DateTimeField()
 
     class Meta:
         db_table = "pgqueue_minute_jobs"
@@ -76,7 +90,7 @@ class MinuteJobs(JobsDatabaseModel):
         return f"{self.minute.isoformat()} {self.queue} {self.job_type}"
 
 
-class HourJobs(JobsDatabaseModel):
+class HourJobs(FinishedJobsRollup):
     """The jobs of one queue and job type that finished in one hour: the sums of its
     ``MinuteJobs``, which the week's chart reads (168 rows a pair, not 10,080).
 
@@ -84,24 +98,10 @@ class HourJobs(JobsDatabaseModel):
 
     Attributes:
         hour (DateTimeField): The hour's start.
-        queue (CharField): The queue.
-        job_type (CharField): The job type.
-        completed (IntegerField): Jobs that completed in it.
-        failed (IntegerField): Jobs that failed for good in it.
-        cancelled (IntegerField): Jobs cancelled in it.
-        wait_ms (ArrayField): The histogram of their waiting times, due to start.
-        run_ms (ArrayField): The histogram of their run times.
     """
 
     pk = models.CompositePrimaryKey("hour", "queue", "job_type")
     hour = models.DateTimeField()
-    queue = models.CharField(max_length=schema.QUEUE_MAX_LENGTH)
-    job_type = models.CharField(max_length=schema.JOB_TYPE_MAX_LENGTH)
-    completed = models.IntegerField(default=0)
-    failed = models.IntegerField(default=0)
-    cancelled = models.IntegerField(default=0)
-    wait_ms = ArrayField(models.IntegerField(), default=list)
-    run_ms = ArrayField(models.IntegerField(), default=list)
 
     class Meta:
         db_table = "pgqueue_hour_jobs"
