@@ -753,8 +753,11 @@ def test_a_search_by_part_of_a_job_type_reads_no_row_to_match_it(client, operato
 def test_only_indexed_columns_sort_all_jobs_and_every_column_sorts_active_ones(
     client, operator, make_job
 ):
-    low = make_job(priority=1, created_at=timezone.now() - timedelta(minutes=1))
-    high = make_job(priority=900, created_at=timezone.now())
+    # Ids ordered against creation: neither the id nor the priority gives newest first.
+    low = make_job(
+        id=uuid.UUID(int=2**128 - 1), priority=1, created_at=timezone.now() - timedelta(minutes=1)
+    )
+    high = make_job(id=uuid.UUID(int=1), priority=900, created_at=timezone.now())
     columns = client.get(reverse(CHANGELIST)).context["cl"].list_display
     priority = columns.index("priority")  # after the actions' checkbox
 

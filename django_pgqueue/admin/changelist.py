@@ -12,7 +12,7 @@ import json
 from typing import Any, cast
 
 from django.contrib import admin, messages
-from django.contrib.admin.views.main import ChangeList
+from django.contrib.admin.views.main import ORDER_VAR, ChangeList
 from django.core.paginator import EmptyPage
 from django.db.models import BooleanField, ExpressionWrapper, QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -106,12 +106,26 @@ class JobChangeList(ChangeList):
     """The changelist, without the large columns no list cell shows, and with whether
     each job is due as the database decides it (``is_due``, for the "runs at" column)."""
 
-    def get_ordering_field(self, field_name: Any) -> Any:
-        """A column's ordering, for a column the list may sort by (``JobAdmin``'s
-        ``get_sortable_by()``); an ``o`` parameter naming another is ignored."""
-        if field_name not in (self.sortable_by or ()):
-            return None
-        return super().get_ordering_field(field_name)
+    def get_ordering(self, request: HttpRequest, queryset: QuerySet[Job]) -> list[Any]:
+        """The ordering asked for, without the columns the list may not sort by
+        (``JobAdmin.get_sortable_by()``): asked for those only, the default order."""
+        asked = self.params.get(ORDER_VAR)
+        if asked is not None:
+            kept = [part for part in str(asked).split(".") if self._may_sort_by(part)]
+            if kept:
+                self.params[ORDER_VAR] = ".".join(kept)
+            else:
+                del self.params[ORDER_VAR]
+        ordering: list[Any] = super().get_ordering(request, queryset)
+        return ordering
+
+    def _may_sort_by(self, part: str) -> bool:
+        """Whether ``part`` of an ``o`` parameter (``"4"``, ``"-4"``) names a column the
+        list may sort by."""
+        index = part.rpartition("-")[2]
+        if not index.isdigit() or int(index) >= len(self.list_display):
+            return False
+        return self.list_display[int(index)] in (self.sortable_by or ())
 
     def get_queryset(self, request: HttpRequest, *args: Any, **kwargs: Any) -> QuerySet[Job]:
         queryset: QuerySet[Job] = super().get_queryset(request, *args, **kwargs)
