@@ -6,7 +6,7 @@ import contextlib
 
 import pytest
 from django.conf import settings
-from django.core.checks import WARNING, run_checks
+from django.core.checks import ERROR, WARNING, run_checks
 from django.db import connections
 
 
@@ -36,6 +36,19 @@ def sqlite_alias():
 @pytest.mark.django_db
 def test_suite_configuration_passes_every_check():
     assert pgqueue_messages(databases=["default"]) == []
+
+
+@pytest.mark.django_db
+def test_the_apps_models_need_no_other_app_than_the_suites(settings):
+    # Django 6 refuses ArrayField without django.contrib.postgres in INSTALLED_APPS; the
+    # rollups' integer arrays must not need it.
+    assert "django.contrib.postgres" not in settings.INSTALLED_APPS
+    errors = [
+        message
+        for message in run_checks(databases=["default"])
+        if message.level >= ERROR and str(message.obj).startswith("django_pgqueue.")
+    ]
+    assert errors == []
 
 
 def test_unknown_pgqueue_key_is_error_e001(pgqueue_settings):

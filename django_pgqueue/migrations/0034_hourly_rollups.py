@@ -1,4 +1,4 @@
-import django.contrib.postgres.fields
+import django_pgqueue.models.rollups
 from django.db import migrations, models
 
 
@@ -19,8 +19,8 @@ class Migration(migrations.Migration):
                 ('completed', models.IntegerField(default=0)),
                 ('failed', models.IntegerField(default=0)),
                 ('cancelled', models.IntegerField(default=0)),
-                ('wait_ms', django.contrib.postgres.fields.ArrayField(base_field=models.IntegerField(), default=list, size=None)),
-                ('run_ms', django.contrib.postgres.fields.ArrayField(base_field=models.IntegerField(), default=list, size=None)),
+                ('wait_ms', django_pgqueue.models.rollups.IntegerArrayField(default=list)),
+                ('run_ms', django_pgqueue.models.rollups.IntegerArrayField(default=list)),
             ],
             options={
                 'verbose_name': 'hour of finished jobs',

@@ -4,13 +4,34 @@ and job type of finished jobs, and the same per hour (written by
 
 from __future__ import annotations
 
-from django.contrib.postgres.fields import ArrayField
+from typing import TYPE_CHECKING, Any
+
 from django.db import models
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
 from .. import schema
 from .base import JobsDatabaseModel
+
+if TYPE_CHECKING:
+    _IntegerListField = models.Field[Any, list[int]]
+else:  # Field is generic in django-stubs only
+    _IntegerListField = models.Field
+
+
+class IntegerArrayField(_IntegerListField):
+    """An ``integer[]`` column, read and written as a list of ints. Not ``ArrayField``:
+    that one needs ``django.contrib.postgres`` in ``INSTALLED_APPS`` (Django 6 checks)."""
+
+    def db_type(self, connection: BaseDatabaseWrapper) -> str:
+        return "integer[]"
+
+    def get_prep_value(self, value: Any) -> Any:
+        return None if value is None else [int(item) for item in value]
+
+    def to_python(self, value: Any) -> Any:
+        return None if value is None else list(value)
 
 
 class QueueMinute(JobsDatabaseModel):
@@ -51,8 +72,8 @@ class FinishedJobsRollup(JobsDatabaseModel):
         completed (IntegerField): Jobs that completed in the period.
         failed (IntegerField): Jobs that failed for good in it.
         cancelled (IntegerField): Jobs cancelled in it.
-        wait_ms (ArrayField): The histogram of their waiting times, due to start.
-        run_ms (ArrayField): The histogram of their run times.
+        wait_ms (IntegerArrayField): The histogram of their waiting times, due to start.
+        run_ms (IntegerArrayField): The histogram of their run times.
     """
 
     queue = models.CharField(max_length=schema.QUEUE_MAX_LENGTH)
@@ -60,8 +81,8 @@ class FinishedJobsRollup(JobsDatabaseModel):
     completed = models.IntegerField(default=0)
     failed = models.IntegerField(default=0)
     cancelled = models.IntegerField(default=0)
-    wait_ms = ArrayField(models.IntegerField(), default=list)
-    run_ms = ArrayField(models.IntegerField(), default=list)
+    wait_ms = IntegerArrayField(default=list)
+    run_ms = IntegerArrayField(default=list)
 
     class Meta:
         abstract = True
