@@ -64,10 +64,12 @@ _LOCK = "SELECT pg_try_advisory_xact_lock(hashtext('pgqueue_rollups'))"
 
 _CLAIM_MINUTE = """
 INSERT INTO pgqueue_minutes (minute, depths)
-VALUES (date_trunc('minute', statement_timestamp()), %s)
+VALUES (date_trunc('minute', statement_timestamp()), '{}')
 ON CONFLICT (minute) DO NOTHING
 RETURNING minute
 """
+
+_DEPTHS = "UPDATE pgqueue_minutes SET depths = %s::jsonb WHERE minute = %s"
 
 _TAKEN = "SELECT 1 FROM pgqueue_minutes WHERE minute = date_trunc('minute', statement_timestamp())"
 
@@ -131,16 +133,17 @@ def write_rollups(*, using: str | None = None) -> bool:
         cursor.execute(_TAKEN)
         if cursor.fetchone() is not None:
             return False
-    depths = _depths(alias)
     with transaction.atomic(using=alias), connection.cursor() as cursor:
         cursor.execute(_LOCK)
         if not cursor.fetchone()[0]:
             return False
-        cursor.execute(_CLAIM_MINUTE, [_json(depths)])
+        cursor.execute(_CLAIM_MINUTE)
         row = cursor.fetchone()
         if row is None:
             return False
         minute: datetime = row[0]
+        # Sampled by the writer only, once it holds the minute.
+        cursor.execute(_DEPTHS, [_json(_depths(alias)), minute])
         _recount(cursor, minute - timedelta(minutes=REROLL_MINUTES), minute)
         retention = conf.get_settings().ROLLUP_RETENTION
         for statement in _PRUNE if retention is not None else ():
