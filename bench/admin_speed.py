@@ -62,7 +62,7 @@ from django_pgqueue.stored_schedules import save_schedule  # noqa: E402
 _FILL = """
 INSERT INTO pgqueue_jobs (job_type, queue, data, status, priority, attempts, max_attempts,
                           created_at, run_at, started_at, completed_at, worker_id,
-                          last_error)
+                          last_error, error_class)
 SELECT 'bench.type' || (g %% 20),
        'queue' || (g %% 5),
        jsonb_build_object('order_id', g, 'customer', 'customer-' || (g %% 5000),
@@ -77,17 +77,21 @@ SELECT 'bench.type' || (g %% 20),
        CASE WHEN s.status IN ('completed', 'failed', 'running') THEN t.at - interval '1 second' END,
        CASE WHEN s.status IN ('completed', 'failed', 'cancelled') THEN t.at END,
        CASE WHEN s.status = 'running' THEN 'bench-worker' END,
-       CASE WHEN s.status = 'failed'
-            THEN (ARRAY['ValueError', 'KeyError', 'TimeoutError', 'ConnectionError'])[g %% 4 + 1]
-                 || ': order ' || g || ' could not be processed'
-            ELSE '' END
+       e.error,
+       -- As the trigger that keeps it would, had the jobs failed one by one.
+       pgqueue_error_class(e.error)
   FROM generate_series(1, %(jobs)s) AS g,
        LATERAL (SELECT CASE WHEN g %% 100 < 80 THEN 'completed'
                             WHEN g %% 100 < 90 THEN 'failed'
                             WHEN g %% 100 < 95 THEN 'pending'
                             WHEN g %% 100 < 98 THEN 'cancelled'
                             ELSE 'running' END AS status) AS s,
-       LATERAL (SELECT now() - (g::float8 / %(jobs)s) * interval '7 days' AS at) AS t
+       LATERAL (SELECT now() - (g::float8 / %(jobs)s) * interval '7 days' AS at) AS t,
+       LATERAL (SELECT CASE WHEN s.status = 'failed'
+                            THEN (ARRAY['ValueError', 'KeyError', 'TimeoutError',
+                                        'ConnectionError'])[g %% 4 + 1]
+                                 || ': order ' || g || ' could not be processed'
+                            ELSE '' END AS error) AS e
 """
 
 _ROLLUPS = """

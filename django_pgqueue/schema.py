@@ -19,6 +19,8 @@ PRIORITY_MAX = 1000
 JOB_TYPE_MAX_LENGTH = 200
 QUEUE_MAX_LENGTH = 100
 STAGE_MAX_LENGTH = 200
+#: The longest error class kept (``Job.error_class``); a longer one is cut to it.
+ERROR_CLASS_MAX_LENGTH = 200
 #: The longest name of a durable step (``job.step(name, ...)``).
 STEP_NAME_MAX_LENGTH = 200
 #: The longest name of an event (``emit_event()``, ``job.wait_for_event()``).

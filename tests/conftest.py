@@ -42,7 +42,8 @@ def make_job() -> Callable[..., Job]:
     """Insert a job with the given column values, bypassing ``enqueue``'s validation.
 
     ``make_job(status="running", attempts=3, heartbeat_at=...)``; ``job_type`` defaults
-    to ``"tests.noop"``. The job is re-read, so database defaults are filled in.
+    to ``"tests.noop"``. The job is re-read, so database defaults are filled in; a
+    ``last_error`` is written by an update, as failures are, so ``error_class`` follows.
 
     ``run_at`` defaults to a minute ago, so the job is due even for a claim made in the
     same transaction: a ``db`` test is one transaction, its ``now()`` fixed at its start,
@@ -52,7 +53,11 @@ def make_job() -> Callable[..., Job]:
     def make(**fields: Any) -> Job:
         fields.setdefault("job_type", "tests.noop")
         fields.setdefault("run_at", timezone.now() - timedelta(minutes=1))
+        last_error = fields.pop("last_error", "")
         job = Job.objects.create(**fields)
+        if last_error:
+            # As a worker's failure writes it: by an update, which sets error_class.
+            Job.objects.filter(pk=job.pk).update(last_error=last_error)
         job.refresh_from_db()
         return job
 

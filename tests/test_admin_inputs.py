@@ -71,7 +71,7 @@ def test_numbers_jsonb_can_store_are_still_searched(client, operator, make_job):
         assert [job.pk for job in response.context["cl"].result_list] == [found.pk], term
 
 
-@pytest.mark.parametrize("parameter", ["queue", "job_type"])
+@pytest.mark.parametrize("parameter", ["queue", "job_type", "error"])
 def test_a_nul_in_the_apps_filters_matches_nothing(client, operator, make_job, parameter):
     make_job()
 

@@ -1,12 +1,12 @@
 """Failed jobs grouped by job type and error class, with a link to each group's jobs and
 a button that retries a whole group.
 
-A job's error class is the exception class that begins its ``last_error``
-(``"ValueError: ..."`` is ``ValueError``); an error that does not begin with one (a lost
-worker's, for one) has none, ``""``. ``error_class()`` is that rule, in SQL, for the page
-and for the changelist's ``error`` filter alike. The page reads failed jobs through the
-partial index ``idx_jobs_failed``, so its cost follows the number of failed jobs, not
-the size of the table.
+A job's error class is ``Job.error_class``: the exception class that begins its
+``last_error`` (``"ValueError: ..."`` is ``ValueError``), or ``""`` for an error that does
+not begin with one (a lost worker's, for one), which the database keeps up to date
+(sql/error_class_v1.sql). The page and the changelist's ``error`` filter read it from
+the partial index ``idx_jobs_failed`` (job type, error class, time), so their cost
+follows the number of failed jobs, not the size of the table.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from typing import Any, cast
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
-from django.db.models import CharField, Count, F, Func, Max, Q, QuerySet, Value
-from django.db.models.functions import Coalesce
+from django.db.models import Count, Max, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -27,61 +26,39 @@ from django.utils.translation import gettext_lazy
 from ..models import Job, JobQuerySet
 from ..schema import JobStatus
 from .actions import JobActions
+from .filters import NUL
 from .formatting import TEMPLATES, display_datetime
 
 #: The groups listed, largest first; the page says when there are more.
 GROUPS_SHOWN = 100
 #: How much of a group's latest error the page quotes.
 ERROR_SHOWN = 300
-#: An exception class at the start of an error: a dotted name, then a colon.
-ERROR_CLASS_PATTERN = r"^([A-Za-z_][A-Za-z0-9_.]*):"
-
-
-def error_class() -> Coalesce:
-    """The error class of a job, as an expression: the exception class ``last_error``
-    begins with, else ``""`` (PostgreSQL's ``substring(text, pattern)``). Built from
-    ``F()``, not raw SQL, so that a subquery compares its own rows' classes."""
-    first = Func(
-        F("last_error"),
-        Value(ERROR_CLASS_PATTERN),
-        function="substring",
-        output_field=CharField(),
-    )
-    return Coalesce(first, Value(""), output_field=CharField())
-
-
-def of_error_class(jobs: QuerySet[Job], error: Any) -> QuerySet[Job]:
-    """The jobs of ``jobs`` whose error class is ``error`` (a string, or an ``OuterRef``)."""
-    return jobs.annotate(error_class=error_class()).filter(error_class=error)
 
 
 def failed_group(jobs: QuerySet[Job], job_type: str, error: str) -> QuerySet[Job]:
     """The failed jobs of ``jobs`` of ``job_type`` whose error class is ``error``."""
-    return of_error_class(jobs.filter(status=JobStatus.FAILED, job_type=job_type), error)
+    return jobs.filter(status=JobStatus.FAILED, job_type=job_type, error_class=error)
 
 
 def _newest_errors(
     failed: QuerySet[Job], groups: list[dict[str, Any]]
 ) -> dict[tuple[str, str], str]:
-    """The error of each group's newest job, by (job type, error class): the jobs of its
-    job type that failed at its latest moment, through ``idx_jobs_failed`` (job type,
-    then time), one statement for every group."""
+    """The error of each group's newest job, by (job type, error class): the jobs of the
+    group that failed at its latest moment, through ``idx_jobs_failed``, one statement
+    for every group."""
     if not groups:
         return {}
     moments = Q()
     for group in groups:
-        moments |= Q(job_type=group["job_type"], completed_at=group["latest"])
-    latest = {(group["job_type"], group["error_class"]): group["latest"] for group in groups}
+        moments |= Q(
+            job_type=group["job_type"],
+            error_class=group["error_class"],
+            completed_at=group["latest"],
+        )
     found: dict[tuple[str, str], str] = {}
-    rows = (
-        failed.filter(moments)
-        .annotate(error_class=error_class())
-        .values_list("job_type", "error_class", "completed_at", "last_error")
-    )
-    for job_type, error, moment, message in rows:
-        # Another group's moment may hold an older job of this group: not its newest.
-        if latest.get((job_type, error)) == moment:
-            found.setdefault((job_type, error), message)
+    rows = failed.filter(moments).values_list("job_type", "error_class", "last_error")
+    for job_type, error, message in rows:
+        found.setdefault((job_type, error), message)
     return found
 
 
@@ -94,13 +71,16 @@ class ErrorFilter(admin.SimpleListFilter):
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         value = self.value()
+        # One choice while it filters: without one, Django would not apply the filter.
         return [(value, value or _("(no exception class)"))] if value is not None else []
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
         value = self.value()
         if value is None:
             return queryset
-        return of_error_class(queryset, value)
+        if NUL in value:  # no error class holds one
+            return queryset.none()
+        return queryset.filter(error_class=value)
 
 
 class ErrorGroups(JobActions):
@@ -114,9 +94,9 @@ class ErrorGroups(JobActions):
         changelist = reverse(f"{site}:django_pgqueue_job_changelist")
         failed = self.get_queryset(request).filter(status=JobStatus.FAILED)
         groups = list(
-            failed.annotate(error_class=error_class())
-            .values("job_type", "error_class")
-            .annotate(jobs=Count("id"), latest=Max("completed_at"))
+            failed.values("job_type", "error_class")
+            # count(*), not count(id): the id is not in idx_jobs_failed, the rest is.
+            .annotate(jobs=Count("*"), latest=Max("completed_at"))
             .order_by("-jobs", "job_type", "error_class")[: GROUPS_SHOWN + 1]
         )
         messages = _newest_errors(failed, groups[:GROUPS_SHOWN])

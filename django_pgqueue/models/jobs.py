@@ -108,6 +108,11 @@ class Job(JobsDatabaseModel):
         last_error (TextField): ``"<ExceptionType>: <message>"`` of the last failure, why
             recovery took the job back, or a note that a return value could not be
             stored. Kept after a later success. Default ``""``.
+        error_class (CharField): The exception class ``last_error`` begins with
+            (``"ValueError: ..."`` is ``ValueError``), else ``""``; at most 200
+            characters. Written by the database whenever an update changes
+            ``last_error`` (trigger ``pgqueue_jobs_error_class``), for the admin's errors
+            page and its ``error`` filter. Default ``""``.
         last_traceback (TextField): Traceback of the last failure. Default ``""``.
         unique_key (CharField): The job's
             [unique key](../how-to/unique-jobs.md): no two ``pending``, ``claimed`` or
@@ -159,6 +164,11 @@ class Job(JobsDatabaseModel):
     snoozes = models.IntegerField(db_default=0)
     last_error = models.TextField(blank=True, db_default="")
     last_traceback = models.TextField(blank=True, db_default="")
+    #: The exception class ``last_error`` begins with, else ""; the database writes it
+    #: (sql/error_class_v1.sql) when an update changes last_error.
+    error_class = models.CharField(
+        max_length=schema.ERROR_CLASS_MAX_LENGTH, blank=True, db_default="", editable=False
+    )
     #: The worker of every attempt, oldest first (``claim_job_batch`` appends to it).
     worker_ids = models.JSONField(default=list, db_default=Value([], models.JSONField()))
     #: At most one pending, claimed or running job has a given key (NULL: no limit).
@@ -226,11 +236,11 @@ class Job(JobsDatabaseModel):
                 name="idx_jobs_finished",
                 condition=Q(status__in=schema.values(FINISHED)),
             ),
-            # The admin's errors page groups failed jobs, the newest of each group first:
-            # its cost follows the failed jobs, not the table (a small index, written only
-            # for rows that fail).
+            # The admin's errors page groups failed jobs by job type and error class, the
+            # newest of each group first, from the index alone: its cost follows the
+            # failed jobs, not the table (a small index, written only for rows that fail).
             models.Index(
-                fields=["job_type", "completed_at"],
+                fields=["job_type", "error_class", "completed_at"],
                 name="idx_jobs_failed",
                 condition=Q(status=JobStatus.FAILED.value),
                 # The overview counts failed jobs per queue from the index alone.
@@ -768,6 +778,7 @@ _NEW_ROW_DEFAULTS: dict[str, Any] = {
     "snoozes": 0,
     "last_error": "",
     "last_traceback": "",
+    "error_class": "",
     "unique_key": None,
     "concurrency_key": None,
     "held": False,
