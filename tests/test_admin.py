@@ -368,7 +368,9 @@ def test_changelist_shows_status_progress_attempts_and_worker(client, operator, 
     assert reverse(OVERVIEW) in content and reverse(LIVE) in content
 
 
-def test_changelist_never_counts_the_whole_table(client, operator, make_job):
+def test_changelist_never_counts_the_whole_table(client, operator, make_job, monkeypatch):
+    # More jobs than a page holds: a list of one page is counted from its rows.
+    monkeypatch.setattr("django_pgqueue.admin.JobAdmin.list_per_page", 2)
     for _ in range(3):
         make_job(status="completed", queue="mail")
 
@@ -384,6 +386,37 @@ def test_changelist_never_counts_the_whole_table(client, operator, make_job):
     distinct = [q["sql"] for q in queries if "DISTINCT" in q["sql"].upper()]
     of_jobs = [sql for sql in distinct if "pgqueue_jobs" in sql]
     assert of_jobs and all("LIMIT" in sql.upper() for sql in of_jobs), distinct
+
+
+def jobs_queries_of(queries, queue: str) -> list[str]:
+    return [q["sql"] for q in queries if "pgqueue_jobs" in q["sql"] and f"'{queue}'" in q["sql"]]
+
+
+def test_a_list_of_one_page_reads_its_jobs_once(client, operator, make_job):
+    mail = [make_job(queue="mail") for _ in range(3)]
+    make_job(queue="default")
+
+    with CaptureQueriesContext(connection) as queries:
+        response = client.get(reverse(CHANGELIST), {"queue": "mail"})
+
+    assert [job.pk for job in response.context["cl"].result_list] == [j.pk for j in mail[::-1]]
+    assert "3 jobs" in response.content.decode()
+    assert len(jobs_queries_of(queries, "mail")) == 1, jobs_queries_of(queries, "mail")
+
+
+def test_a_list_of_several_pages_counts_them_and_shows_each(
+    client, operator, make_job, monkeypatch
+):
+    monkeypatch.setattr("django_pgqueue.admin.JobAdmin.list_per_page", 2)
+    mail = [make_job(queue="mail") for _ in range(3)][::-1]
+
+    pages = [client.get(reverse(CHANGELIST), {"queue": "mail", "p": n}) for n in (1, 2)]
+
+    assert [[job.pk for job in page.context["cl"].result_list] for page in pages] == [
+        [mail[0].pk, mail[1].pk],
+        [mail[2].pk],
+    ]
+    assert all("3 jobs" in page.content.decode() for page in pages)
 
 
 def test_changelist_counts_exactly_up_to_the_limit(client, operator, make_job, monkeypatch):
