@@ -4,14 +4,17 @@ every later attempt gets its stored result back."""
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 
 import pytest
 from django.db import connection
 from django.urls import reverse
+from django.utils import timezone
 
 from django_pgqueue import enqueue, job
 from django_pgqueue.exceptions import InvalidArgumentError, RetryJob, StepError
 from django_pgqueue.models import Job, JobStatus, JobStep
+from django_pgqueue.pruning import prune_jobs
 from django_pgqueue.recovery import recover_stale_jobs
 from django_pgqueue.testing import drain, run_job
 from tests.testapp.models import Execution
@@ -258,13 +261,29 @@ def test_a_name_used_twice_in_one_attempt_is_an_error(clean_registry):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_deleting_a_job_deletes_its_checkpoints(checkout):
-    done = run_until_finished(enqueue("tests.checkout", {"order_id": 5}))
+def test_deleting_jobs_deletes_their_checkpoints_only(checkout):
+    done = [run_until_finished(enqueue("tests.checkout", {"order_id": n})) for n in (5, 6, 7)]
+    kept = JobStep.objects.filter(job_id=done[2].pk)
+    assert kept.count() == 2
 
-    with connection.cursor() as cursor:
-        cursor.execute("DELETE FROM pgqueue_jobs WHERE id = %s", [done.pk])
+    with connection.cursor() as cursor:  # SQL, one statement for two jobs
+        cursor.execute("DELETE FROM pgqueue_jobs WHERE id = ANY(%s)", [[done[0].pk, done[1].pk]])
+
+    assert set(JobStep.objects.values_list("job_id", flat=True)) == {done[2].pk}
+
+    Job.objects.filter(pk=done[2].pk).delete()  # the ORM
 
     assert not JobStep.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_pruning_a_finished_job_deletes_its_checkpoints(checkout):
+    old, recent = (run_until_finished(enqueue("tests.checkout", {"order_id": n})) for n in (1, 2))
+    Job.objects.filter(pk=old.pk).update(completed_at=timezone.now() - timedelta(days=30))
+
+    assert prune_jobs(7 * 86400) == 1
+
+    assert set(JobStep.objects.values_list("job_id", flat=True)) == {recent.pk}
 
 
 @pytest.mark.django_db(transaction=True)

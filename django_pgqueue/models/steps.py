@@ -18,9 +18,9 @@ class JobStep(JobsDatabaseModel):
     instead of running the step again. Sleeps (``job.sleep()``) and waits for events
     (``job.wait_for_event()``) are checkpoints too, with the moment they end.
 
-    One row of ``pgqueue_job_steps``, unique per job and name. Deleting a job deletes
-    its steps: the database cascades (migration 0028). A retry from the admin keeps
-    them.
+    One row of ``pgqueue_job_steps``, unique per job and name. Deleting jobs deletes
+    their steps, by a trigger of the database (migration 0038), however they are
+    deleted. A retry from the admin keeps them.
 
     Attributes:
         job (ForeignKey): The ``Job``; reverse name ``steps``.
@@ -38,7 +38,8 @@ class JobStep(JobsDatabaseModel):
             the event was received).
     """
 
-    # As JobEvent's: the database cascades, Django never collects them.
+    # The database deletes them with their job (sql/steps_cascade_v1.sql); Django never
+    # collects them.
     job = models.ForeignKey(
         Job,
         on_delete=models.DO_NOTHING,
