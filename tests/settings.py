@@ -33,6 +33,9 @@ if env.bool("PGQUEUE_TEST_PREPARED", default=False):
 # they ask for it (``django_db(databases=[...])``), so the others run as before.
 DATABASES["jobs"] = copy.deepcopy(DATABASES["default"])
 DATABASES["jobs"]["TEST"] = {"NAME": DATABASES["default"]["TEST"]["NAME"] + "_jobs"}
+# Processes started by tests/test_roles.py reach the jobs through another role.
+if "PGQUEUE_TEST_JOBS_URL" in env:
+    DATABASES["jobs"] = env.db_url("PGQUEUE_TEST_JOBS_URL")
 # Worker processes of tests/faults/ behind PgBouncer: a direct alias to LISTEN on.
 if "PGQUEUE_TEST_DIRECT_URL" in env:
     DATABASES["direct"] = env.db_url("PGQUEUE_TEST_DIRECT_URL")

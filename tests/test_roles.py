@@ -17,7 +17,7 @@ import pytest
 from django.db import connection
 
 from django_pgqueue import enqueue
-from django_pgqueue.models import Job, JobStatus
+from django_pgqueue.models import ConcurrencyLimit, Job, JobStatus, QueueState
 from tests.workers import ROOT, database_url_for_tests
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -51,12 +51,15 @@ def roles(other_connection):
         other_connection.execute(f"DROP ROLE {role}")
 
 
-def manage(role: str, *args: str) -> subprocess.CompletedProcess[str]:
+def manage(
+    role: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
         "DATABASE_URL": as_role(role),
         "DJANGO_SETTINGS_MODULE": "tests.settings",
         "PYTHONPATH": str(ROOT),
+        **(env or {}),
     }
     return subprocess.run(
         [sys.executable, "-m", "django", *args],
@@ -112,3 +115,93 @@ def test_the_worker_role_cannot_change_the_schema(roles):
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             worker.execute("DROP TABLE pgqueue_job_events")
     assert connection.introspection.table_names()  # the schema is as it was
+
+
+# Run in a process whose Django reads the jobs through the "jobs" alias as the reader
+# role, while its own tables (users, sessions, the admin log) stay the owner's: the
+# admin of a dashboard that may only read the queue. Prints each page's status.
+ADMIN_AS_READER = """
+import json
+from django.contrib.auth import get_user_model
+from django.db import connections
+from django.test import Client
+from django.urls import reverse
+
+user, _ = get_user_model().objects.get_or_create(
+    username="dashboard", defaults={"is_staff": True, "is_superuser": True}
+)
+client = Client(raise_request_exception=False)
+client.force_login(user)
+job_id, failed_id = IDS
+jobs = reverse("admin:django_pgqueue_job_changelist")
+pages = {
+    "index": reverse("admin:index"),
+    "job list": jobs,
+    "job list, failed": jobs + "?status__exact=failed",
+    "job list, a queue": jobs + "?queue=mail",
+    "job list, search": jobs + "?q=order_id%3D7",
+    "job list, error class": jobs + "?status__exact=failed&error=RuntimeError",
+    "a job's page": reverse("admin:django_pgqueue_job_change", args=[job_id]),
+    "a failed job's page": reverse("admin:django_pgqueue_job_change", args=[failed_id]),
+    "live endpoint": reverse("admin:django_pgqueue_job_live") + "?id=" + job_id,
+    "overview": reverse("admin:django_pgqueue_job_overview"),
+    "errors": reverse("admin:django_pgqueue_job_errors"),
+    "charts": reverse("admin:django_pgqueue_job_charts"),
+    "periodic jobs": reverse("admin:django_pgqueue_job_periodic"),
+    "stored schedules": reverse("admin:django_pgqueue_storedschedule_changelist"),
+    "concurrency limits": reverse("admin:django_pgqueue_concurrencylimit_changelist"),
+    "rate limits": reverse("admin:django_pgqueue_ratelimit_changelist"),
+}
+statuses = {name: client.get(url).status_code for name, url in pages.items()}
+with connections["jobs"].cursor() as cursor:
+    cursor.execute("SELECT current_user")
+    statuses["jobs read as"] = cursor.fetchone()[0]
+failed_page = pages["a failed job's page"]
+changes = {
+    "retry a job": (reverse("admin:django_pgqueue_job_action", args=[failed_id, "retry"]), {}),
+    "retry from the list": (jobs, {"action": "retry_jobs", "_selected_action": [failed_id]}),
+    "pause a queue": (reverse("admin:django_pgqueue_job_queue_action", args=["mail", "pause"]), {}),
+    "add a limit": (
+        reverse("admin:django_pgqueue_concurrencylimit_add"),
+        {"scope": "queue", "name": "mail", "override": "2"},
+    ),
+}
+for name, (url, data) in changes.items():
+    response = client.post(url, data, HTTP_REFERER="http://testserver" + failed_page)
+    shown = client.get(response.get("Location") or failed_page).content.decode()
+    statuses[name] = [response.status_code, "The jobs database refused the change" in shown]
+print(json.dumps(statuses))
+"""
+
+
+CHANGES = ("retry a job", "retry from the list", "pause a queue", "add a limit")
+
+
+def test_the_admin_reads_every_page_as_the_reader_role_and_says_changes_are_refused(roles):
+    pending = enqueue("tests.noop", {"order_id": 7}, queue="mail")
+    failed = enqueue("tests.fail", max_attempts=1)
+    run = manage("pgqueue_worker", "pgqueue_worker", "--burst", "--queues", "default")
+    assert run.returncode == 0, run.stderr[-3000:]
+
+    admin = manage(
+        "postgres",
+        "shell",
+        "-c",
+        ADMIN_AS_READER.replace("IDS", repr((str(pending.pk), str(failed.pk)))),
+        env={
+            "DATABASE_URL": database_url_for_tests(),
+            "PGQUEUE_TEST_JOBS_URL": as_role("pgqueue_reader"),
+            "PGQUEUE_TEST_SETTINGS": json.dumps({"DATABASE": "jobs"}),
+        },
+    )
+
+    assert admin.returncode == 0, admin.stderr[-3000:]
+    statuses = json.loads(admin.stdout.strip().splitlines()[-1])
+    assert statuses.pop("jobs read as") == "pgqueue_reader"
+    changes = {name: statuses.pop(name) for name in CHANGES}
+    assert statuses == dict.fromkeys(statuses, 200), admin.stderr[-3000:]
+    # A change is refused by the database: a message on the page it came from, not a 500.
+    assert changes == {name: [302, True] for name in CHANGES}, admin.stderr[-3000:]
+    assert Job.objects.get(pk=failed.pk).status == JobStatus.FAILED
+    assert not ConcurrencyLimit.objects.filter(name="mail").exists()
+    assert not QueueState.objects.filter(paused_at__isnull=False).exists()

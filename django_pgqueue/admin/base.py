@@ -22,6 +22,7 @@ from django.utils.translation import gettext as _
 
 from ..models import RETRY_PERMISSION, Job
 from .formatting import TEMPLATES
+from .refusals import RefusedWritesMixin
 
 logger = logging.getLogger("django_pgqueue.admin")
 
@@ -35,7 +36,7 @@ else:
     JobPaginator = Paginator
 
 
-class JobAdminBase(JobModelAdmin):
+class JobAdminBase(RefusedWritesMixin, JobModelAdmin):
     """The permissions of the Job admin, shared by its changelist, actions and overview."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:

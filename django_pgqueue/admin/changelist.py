@@ -9,6 +9,7 @@ where, and mounts the extra URLs.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, cast
 
 from django.contrib import admin, messages
@@ -34,6 +35,7 @@ from .formatting import TEMPLATES
 from .live import LiveView
 from .overview import QueueOverview
 from .periodic import PeriodicPage
+from .refusals import refusing_writes
 from .workflows import WORKFLOW_FIELDSET, WorkflowCells, WorkflowFilter
 
 #: The columns the job list sorts by in any case: their order is idx_jobs_created's.
@@ -306,7 +308,9 @@ class JobAdmin(WorkflowCells, ErrorGroups, PeriodicPage, ChartsPage, LiveView, Q
         return queryset.filter(condition), False
 
     def get_urls(self) -> list[URLPattern]:
-        wrap = self.admin_site.admin_view
+        def wrap(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+            return self.admin_site.admin_view(refusing_writes(view))
+
         return [
             path("overview/", wrap(self.overview_view), name="django_pgqueue_job_overview"),
             path(

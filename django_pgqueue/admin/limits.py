@@ -25,6 +25,7 @@ from .. import validation
 from ..exceptions import InvalidArgumentError
 from ..limits import override_limit
 from ..models import ConcurrencyLimit, LimitScope
+from .refusals import RefusedWritesMixin
 
 if TYPE_CHECKING:
     LimitForm = forms.ModelForm[ConcurrencyLimit]
@@ -37,7 +38,7 @@ else:
 _Limit = Any
 
 
-class DeclaredLimitAdmin(LimitModelAdmin):
+class DeclaredLimitAdmin(RefusedWritesMixin, LimitModelAdmin):
     """What the admins of concurrency and rate limits share: a limit that the code or
     settings declare cannot be deleted (its next worker would write it back); deleting
     one that only an override holds clears the override, through the limits' API."""

@@ -22,6 +22,7 @@ from .. import registry
 from ..exceptions import InvalidArgumentError
 from ..models import StoredSchedule
 from ..stored_schedules import check_schedule, delete_schedule, save_schedule
+from .refusals import RefusedWritesMixin
 
 if TYPE_CHECKING:
     ScheduleForm = forms.ModelForm[StoredSchedule]
@@ -91,7 +92,7 @@ def schedule_fields(cleaned: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-class StoredScheduleAdmin(ScheduleModelAdmin):
+class StoredScheduleAdmin(RefusedWritesMixin, ScheduleModelAdmin):
     form = StoredScheduleForm
     list_display = ("name", "job_type", "schedule_and_zone", "queue", "updated_at")
     search_fields = ("name", "job_type")
