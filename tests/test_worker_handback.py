@@ -17,6 +17,7 @@ def held(*, attempts=1, max_attempts=3, started=True, outcome=None, buffered=Fal
         job=job, definition=registry.find_definition(job.job_type), buffered=buffered
     )
     running.started_wall = 1_000.0 if started else None
+    running.started_monotonic = 500.0 if started else None
     running.outcome = outcome
     return running
 
@@ -52,6 +53,6 @@ def test_outcomes_already_known_are_written_as_they_are():
     outcomes = forced_exit_outcomes([finished, started_at_once, released], [unflushed])
     assert [(o.job_id, o.status, o.started) for o in outcomes] == [
         (released.job.id, "pending", None),
-        (finished.job.id, "completed", 1_000.0),
+        (finished.job.id, "completed", 500.0),
         (started_at_once.job.id, "completed", None),
     ]

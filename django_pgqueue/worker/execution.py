@@ -63,7 +63,9 @@ class Outcome:
     error: str | None = None
     traceback: str | None = None
     result: str | None = None
-    #: ``time.time()`` when the handler started (None: it never started).
+    #: ``time.monotonic()`` when the handler started, to record as ``started_at``
+    #: (None: the claim's ``started_at`` stays). Written as the seconds since then, on
+    #: the database's clock: a worker's wall clock may run fast or slow.
     started: float | None = None
     #: 1 when the handler snoozed the job (``snoozes`` goes up by one), else 0.
     snoozed: int = 0
@@ -159,9 +161,10 @@ class RunningJob:
 
     def recorded_start(self) -> float | None:
         """What ``started_at`` becomes when the outcome is written: when a slot took
-        the job, if from the prefetch buffer or under a start-by moment; ``None`` (the
-        claim's time stays) for a job a free slot started at once."""
-        return self.started_wall if self.buffered or self.start_by is not None else None
+        the job (its ``time.monotonic()``), if from the prefetch buffer or under a
+        start-by moment; ``None`` (the claim's time stays) for a job a free slot started
+        at once."""
+        return self.started_monotonic if self.buffered or self.start_by is not None else None
 
     def too_late_to_start(self) -> bool:
         """Whether its start-by moment has passed: starting it now could exceed the rate

@@ -50,9 +50,12 @@ RATE_LIMITED = "SELECT EXISTS (SELECT 1 FROM pgqueue_rate_limits)"
 # cancellations alike. A job retried goes back to pending with no worker; a finished
 # one keeps the worker that ran it, for the record. The arrays go in binary (%b):
 # psycopg dumps lists of UUIDs and floats two to three times faster in binary than in text.
-# started: when a prefetched job's handler started (NULL: keep the claim's started_at);
-# NaN for a job handed back unstarted, which then has no start time at all (read back,
-# a start time that never happened would count against its rate limit's window).
+# started_ago: how many seconds before the statement a prefetched job's handler started,
+# by the worker's monotonic clock, so that started_at is on the database's clock like
+# every other moment: taken from now(), as completed_at is (never after it), and never
+# before the claim (NULL: keep the claim's started_at); NaN for a job handed back
+# unstarted, which then has no start time at all (read back, a start time that never
+# happened would count against its rate limit's window).
 # An attempt that ended without completing its job (all but those handed back unstarted)
 # is recorded in pgqueue_job_attempts by the same statement; a retried or snoozed job
 # starts its next attempt with no progress or stage of this one. A suspended job (a
@@ -77,11 +80,14 @@ UPDATE pgqueue_jobs AS jobs
        last_error = COALESCE(o.error, jobs.last_error),
        last_traceback = COALESCE(o.traceback, jobs.last_traceback),
        result = o.result::jsonb,
-       started_at = CASE WHEN o.started = 'NaN' THEN NULL
-                         ELSE COALESCE(to_timestamp(o.started), jobs.started_at) END
+       started_at = CASE WHEN o.started_ago = 'NaN' THEN NULL
+                         WHEN o.started_ago IS NULL THEN jobs.started_at
+                         ELSE GREATEST(jobs.claimed_at,
+                                       now() - o.started_ago * interval '1 second') END
   FROM unnest(%b::uuid[], %b::text[], %b::float8[], %b::int[], %b::text[], %b::text[],
               %b::text[], %b::float8[], %b::int[], %b::int[])
-       AS o(id, status, delay, refund, error, traceback, result, started, snoozed, suspended)
+       AS o(id, status, delay, refund, error, traceback, result, started_ago, snoozed,
+            suspended)
  WHERE jobs.id = o.id
    AND jobs.worker_id = %s
    AND {_HELD}
@@ -111,8 +117,10 @@ UPDATE pgqueue_jobs AS jobs
        progress = 100,
        completed_at = now(),
        result = NULL,
-       started_at = COALESCE(to_timestamp(NULLIF(o.started, 'NaN')), jobs.started_at)
-  FROM unnest(%b::uuid[], %b::float8[]) AS o(id, started)
+       started_at = CASE WHEN o.started_ago = 'NaN' THEN jobs.started_at
+                         ELSE GREATEST(jobs.claimed_at,
+                                       now() - o.started_ago * interval '1 second') END
+  FROM unnest(%b::uuid[], %b::float8[]) AS o(id, started_ago)
  WHERE jobs.id = o.id
    AND jobs.worker_id = %s
    AND {_HELD}

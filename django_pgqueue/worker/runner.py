@@ -932,11 +932,18 @@ def _finish_statement(outcomes: list[Outcome], worker_id: str) -> tuple[str, lis
 
 
 def _finish_completed_params(outcomes: list[Outcome], worker_id: str) -> list[Any]:
+    now = time.monotonic()
     return [
         UUIDArray([o.job_id for o in outcomes]),
-        Float8Array([math.nan if o.started is None else o.started for o in outcomes]),
+        Float8Array([math.nan if o.started is None else now - o.started for o in outcomes]),
         worker_id,
     ]
+
+
+def _seconds_ago(started: float | None, now: float) -> float | None:
+    """An outcome's start as the seconds before ``now`` (both ``time.monotonic()``), which
+    the statement subtracts from the database's clock; None for none."""
+    return None if started is None else now - started
 
 
 def finish_params(outcomes: list[Outcome], worker_id: str) -> list[Any]:
@@ -944,6 +951,7 @@ def finish_params(outcomes: list[Outcome], worker_id: str) -> list[Any]:
     (the worker's id twice: it guards the update and names the worker of the attempts).
     Tracebacks are left out when ``PGQUEUE["STORE_TRACEBACKS"]`` is off."""
     store_tracebacks = conf.get_settings().STORE_TRACEBACKS
+    now = time.monotonic()
     return [
         [o.job_id for o in outcomes],
         [o.status for o in outcomes],
@@ -953,7 +961,7 @@ def finish_params(outcomes: list[Outcome], worker_id: str) -> list[Any]:
         [o.error for o in outcomes],
         [o.traceback if store_tracebacks else None for o in outcomes],
         [o.result for o in outcomes],
-        [math.nan if o.unstarted else o.started for o in outcomes],
+        [math.nan if o.unstarted else _seconds_ago(o.started, now) for o in outcomes],
         [o.snoozed for o in outcomes],
         [o.suspended for o in outcomes],
         worker_id,

@@ -5,8 +5,8 @@ A job delayed by the enqueuer runs when the database says it is due, not ten min
 early or late; a durable sleep begun on a fast worker and resumed on a slow one lasts
 its length on the database's clock (on the workers' clocks it lasted twenty minutes
 more); a periodic schedule's tick is the database's latest; a fast worker's recovery
-takes back no job of a live worker early. What is still recorded on a worker's clock:
-when a handler started (``started_at``, and the attempt's duration in its history).
+takes back no job of a live worker early; a prefetched job's ``started_at``, measured
+by the worker, lies between its claim and its finish on the database's clock.
 """
 
 from __future__ import annotations
@@ -106,6 +106,27 @@ def test_skewed_workers_keep_the_databases_time(other_connection, figures):
             "the long job completed",
             fast,
         )
+        # A burst of jobs, most of which wait in the fast worker's prefetch buffer: each
+        # records when a slot started it.
+        burst = [
+            row[0]
+            for row in other_connection.execute(
+                "INSERT INTO pgqueue_jobs (job_type, data) "
+                "SELECT 'tests.noop', '{}' FROM generate_series(1, 60) RETURNING id"
+            ).fetchall()
+        ]
+        wait_for(
+            lambda: (
+                one(
+                    "SELECT count(*) FROM pgqueue_jobs WHERE id = ANY(%s) AND status = 'completed'",
+                    [burst],
+                )[0]
+                == len(burst)
+            ),
+            30,
+            "the burst completed",
+            fast,
+        )
         fast.stop()
         # A slow worker resumes the sleep, and recovers nothing of a live worker.
         slow = skewed_worker(-SKEW_SECONDS, "slow")
@@ -141,6 +162,11 @@ def test_skewed_workers_keep_the_databases_time(other_connection, figures):
         [napper],
     )
     (lost,) = one("SELECT count(*) FROM pgqueue_job_attempts WHERE outcome = 'lost'")
+    (started_off, started_after_claim) = one(
+        "SELECT count(*) FILTER (WHERE started_at NOT BETWEEN claimed_at AND completed_at), "
+        "count(*) FILTER (WHERE started_at > claimed_at) FROM pgqueue_jobs WHERE id = ANY(%s)",
+        [burst],
+    )
     figures(
         skew_seconds=SKEW_SECONDS,
         sleep_ends_in=round(float(wake_in), 2),
@@ -149,9 +175,14 @@ def test_skewed_workers_keep_the_databases_time(other_connection, figures):
         delayed_started_late_by=round(float(delayed_late), 2),
         delayed_run_by=delayed_by,
         lost=lost,
+        burst_started_outside_claim_and_finish=started_off,
+        burst_started_after_their_claim=started_after_claim,
     )
     assert 0 < wake_in <= 3  # its end on the database's clock, not ten minutes off
     assert 3 <= nap_seconds < 15  # not twenty minutes: the fast clock wrote, the slow read
     assert 0 <= tick_age < 60  # the database's latest minute, not one ten minutes off
     assert 0 <= delayed_late < 15  # due by the database, run then
     assert lost == 0  # the long job's heartbeats kept it from recovery
+    # Prefetched jobs' starts, measured by the worker, are written on the database's
+    # clock: between their claim and their finish, not ten minutes ahead.
+    assert started_after_claim > 0 and started_off == 0
