@@ -9,12 +9,15 @@ register. Runs on a dedicated cluster (conftest.py), never on the suite's shared
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from typing import Any
 
 import psycopg
 
-from tests.workers import WorkerProcess
+from tests.workers import ROOT, WorkerProcess
 
 from .fleet import Fleet, enqueue_sql, execution_figures, wait_until_drained
 
@@ -34,6 +37,26 @@ def take_every_connection(url: str) -> list[psycopg.Connection[Any]]:
         except psycopg.OperationalError as exc:
             assert "too many clients" in str(exc) or "remaining connection slots" in str(exc)
             return taken
+
+
+# An enqueue from Django, as a view would make one, while the server is full.
+ENQUEUE = "from django_pgqueue import enqueue\nenqueue('tests.noop', {'during': 'the hold'})"
+
+
+def enqueue_from_django(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "django", "shell", "-c", ENQUEUE],
+        cwd=ROOT,
+        env={
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "PYTHONPATH": str(ROOT),
+            **env,
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def completed(conn: psycopg.Connection[Any]) -> int:
@@ -61,6 +84,7 @@ def test_workers_ride_out_a_server_out_of_connections(cluster, figures):
         ).fetchone()
         hoard += take_every_connection(cluster.url)  # the slots the cut freed
         late = WorkerProcess("--worker-id", "late", env=env)
+        refused = enqueue_from_django(env)
         at_cut = completed(control)
         time.sleep(HOLD_SECONDS)
         during = completed(control) - at_cut
@@ -87,6 +111,9 @@ def test_workers_ride_out_a_server_out_of_connections(cluster, figures):
             time.sleep(0.1)
         late_registered_in = time.monotonic() - released
         outcome = execution_figures(control)
+        (during_the_hold,) = control.execute(
+            'SELECT count(*) FROM pgqueue_jobs WHERE data = \'{"during": "the hold"}\''
+        ).fetchone()
     finally:
         for conn in hoard:
             conn.close()
@@ -109,3 +136,9 @@ def test_workers_ride_out_a_server_out_of_connections(cluster, figures):
     assert outcome["completed"] == JOBS and outcome["lost"] == 0
     assert outcome["overlaps"] == 0
     assert registered == 1  # the worker started while the server was full waited, then ran
+    # enqueue() in a full server: Django's OperationalError, which names the cause, and
+    # no job.
+    assert refused.returncode != 0
+    assert "OperationalError" in refused.stderr, refused.stderr[-3000:]
+    assert "too many clients" in refused.stderr or "connection slots" in refused.stderr
+    assert during_the_hold == 0
