@@ -36,6 +36,13 @@ DATABASES["jobs"]["TEST"] = {"NAME": DATABASES["default"]["TEST"]["NAME"] + "_jo
 # Processes started by tests/test_roles.py reach the jobs through another role.
 if "PGQUEUE_TEST_JOBS_URL" in env:
     DATABASES["jobs"] = env.db_url("PGQUEUE_TEST_JOBS_URL")
+# Worker processes standing for a project whose exit is slow (atexit functions that flush
+# telemetry, for one): tests/test_worker_processes.py.
+if "PGQUEUE_TEST_SLOW_EXIT" in env:
+    import atexit
+    import time
+
+    atexit.register(time.sleep, env.float("PGQUEUE_TEST_SLOW_EXIT"))
 # Worker processes of tests/faults/ behind PgBouncer: a direct alias to LISTEN on.
 if "PGQUEUE_TEST_DIRECT_URL" in env:
     DATABASES["direct"] = env.db_url("PGQUEUE_TEST_DIRECT_URL")

@@ -6,7 +6,7 @@ import uuid
 from django_pgqueue import registry
 from django_pgqueue.models import Job
 from django_pgqueue.worker.execution import Outcome, RunningJob
-from django_pgqueue.worker.handback import forced_exit_outcomes
+from django_pgqueue.worker.handback import RELEASED_RUNNING_DELAY, forced_exit_outcomes
 
 
 def held(*, attempts=1, max_attempts=3, started=True, outcome=None, buffered=False):
@@ -26,7 +26,8 @@ def test_a_started_job_is_handed_back_with_its_attempt_counted_or_failed_once_sp
     retried, spent = held(attempts=1), held(attempts=3)
     outcomes = forced_exit_outcomes([retried, spent], [])
     assert [(o.status, o.delay, o.refund, o.error) for o in outcomes] == [
-        ("pending", 0.0, 0, "worker forced to exit"),
+        # Due once the process, and the handler in it, is gone.
+        ("pending", RELEASED_RUNNING_DELAY, 0, "worker forced to exit"),
         ("failed", 0.0, 0, "worker forced to exit"),
     ]
 

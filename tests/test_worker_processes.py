@@ -12,9 +12,10 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from django_pgqueue import enqueue
-from django_pgqueue.models import Job, JobStatus
+from django_pgqueue.models import Job, JobStatus, WorkerRecord
 from django_pgqueue.recovery import recover_stale_jobs
 from django_pgqueue.sideconn import open_raw_connection
+from django_pgqueue.worker.handback import RELEASED_RUNNING_DELAY
 from tests.testapp import async_jobs, process_jobs
 from tests.testapp.models import Execution
 from tests.workers import WorkerProcess, wait_for
@@ -120,10 +121,11 @@ def test_second_signal_hands_the_running_job_back_and_exits_at_once(workers):
 
     assert worker.wait(timeout=10) == 128 + signal.SIGTERM
     job.refresh_from_db()
-    # Back to pending at once, not after STALE_AFTER; the interrupted attempt counts.
+    # Back to pending, not after STALE_AFTER: due a second after the hand-back, once the
+    # process and its handler are gone; the interrupted attempt counts.
     assert (job.status, job.attempts, job.worker_id) == (JobStatus.PENDING, 1, None)
     assert job.last_error == "worker forced to exit"
-    assert job.run_at <= timezone.now()
+    assert job.run_at <= timezone.now() + timedelta(seconds=RELEASED_RUNNING_DELAY)
     assert recover_stale_jobs() == []
     assert "handed back or recorded 1 job(s) before exiting" in worker.output()
 
@@ -312,3 +314,27 @@ def test_a_worker_holds_concurrency_plus_three_connections_as_the_docs_say():
         assert len(backends() - before) == 3 + 3, worker.output()[-2000:]
     finally:
         worker.stop()
+
+
+def test_a_job_released_at_shutdown_runs_again_only_once_its_handler_is_gone(workers, tmp_path):
+    # The handler outlives the grace period in I/O: the worker releases its job and
+    # exits. Another worker, idle and polling, must not start it while the first
+    # handler still lives (it dies with its process).
+    marks = tmp_path / "marks"
+    job = enqueue("tests.holds_io", {"marks": str(marks), "sleep": 30})
+    # Its project's exit is slow, as one whose atexit functions flush telemetry.
+    slow_exit = {"PGQUEUE_TEST_SLOW_EXIT": "0.5"}
+    first = workers("--worker-id", "first", "--shutdown-grace", "0.3", env=slow_exit)
+    wait_for(lambda: marks.exists())
+    workers("--worker-id", "second", "--poll-interval", "0.01")
+    wait_for(lambda: WorkerRecord.objects.filter(worker_id="second").exists())
+    first.signal(signal.SIGTERM)
+
+    assert first.wait(timeout=15) == 0, first.output()
+    wait_for(lambda: " " in marks.read_text().partition("second")[2], timeout=15)
+    runs = [line.split() for line in marks.read_text().splitlines()]
+    last_of_first = max(float(at) for worker, at in runs if worker == "first")
+    first_of_second = min(float(at) for worker, at in runs if worker == "second")
+    assert first_of_second > last_of_first
+    job.refresh_from_db()
+    assert job.attempts == 1  # the released attempt was given back

@@ -31,6 +31,11 @@ logger = logging.getLogger("django_pgqueue.worker")
 
 #: What ``last_error`` of a job handed back says.
 FORCED_EXIT_ERROR = "worker forced to exit"
+#: Seconds before a job released while its handler still runs may run again: its
+#: worker's process exits right after recording the release (``os._exit``), and the
+#: handler's thread with it, well within them. A job whose handler never started is
+#: due at once.
+RELEASED_RUNNING_DELAY = 1.0
 #: How long the exiting worker waits for the hand-back.
 HAND_BACK_SECONDS = 1.0
 #: The server cancels the hand-back's statements after this long (a row lock held
@@ -42,8 +47,9 @@ def forced_exit_outcomes(held: Iterable[RunningJob], unflushed: Iterable[Outcome
     """What to write before a forced exit: the outcomes not recorded yet, each finished
     job's own outcome, and every other held job handed back.
 
-    A job given back follows the rules of any failed attempt, with no delay: ``pending``
-    and due at once, or ``failed`` once its attempts are spent. One whose handler never
+    A job given back follows the rules of any failed attempt: ``pending``, due once its
+    handler is certainly gone (``RELEASED_RUNNING_DELAY``), or ``failed`` once its
+    attempts are spent. One whose handler never
     started (it waited in the prefetch buffer) gets its attempt back, as at a graceful
     shutdown.
     """
@@ -60,7 +66,7 @@ def forced_exit_outcomes(held: Iterable[RunningJob], unflushed: Iterable[Outcome
                 job_id, PENDING, refund=1, error=FORCED_EXIT_ERROR, unstarted=True
             )
         else:
-            outcomes[job_id] = retry_or_fail(running, FORCED_EXIT_ERROR, "", 0.0)
+            outcomes[job_id] = retry_or_fail(running, FORCED_EXIT_ERROR, "", RELEASED_RUNNING_DELAY)
     return list(outcomes.values())
 
 

@@ -50,7 +50,7 @@ from .execution import (
     suspect_lost_connections,
     timeout_outcome,
 )
-from .handback import forced_exit_outcomes, hand_back
+from .handback import RELEASED_RUNNING_DELAY, forced_exit_outcomes, hand_back
 from .heartbeat import Heartbeat
 from .kinds import Pool, SideKind, SideKinds, kind_of
 from .listener import NotificationListener
@@ -228,6 +228,9 @@ class Worker:
         self._stopping = threading.Event()
         self._threads_stopping = threading.Event()
         self._signals_received = 0
+        #: Set when shutdown released a job whose handler was still running: its thread
+        #: must not outlive the process by long (``pgqueue_worker`` then exits at once).
+        self.handlers_left_running = False
         #: Outcomes recorded so far, by new status ("completed", "pending" for a retry, ...).
         self.stats: Counter[str] = Counter()
         #: Round trips of the main loop (each records outcomes and/or claims a batch).
@@ -837,7 +840,10 @@ class Worker:
         for job_id, running in self._running.items():
             logger.warning("releasing job %s, still running at shutdown", job_id)
             running.cancel_event.set()
-            self._outcomes.append(Outcome(job_id, PENDING, refund=1))
+            # Due once this process, and the handler in it, is gone (the command exits
+            # with os._exit right after: handlers_left_running).
+            self._outcomes.append(Outcome(job_id, PENDING, refund=1, delay=RELEASED_RUNNING_DELAY))
+            self.handlers_left_running = True
         self._running.clear()
         for kind in self.side_kinds.kinds:
             kind.held = sum(running.kind == kind.name for running in self._abandoned.values())

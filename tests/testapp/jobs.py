@@ -223,3 +223,15 @@ def stepped(job):
 def poison(job):
     """Kills the worker process that runs it, every time (tests/faults/test_poison_job.py)."""
     os._exit(1)
+
+
+@job("tests.holds_io", atomic=False, max_attempts=5)
+def holds_io(job):
+    """Append ``<worker id> <time.time()>`` to the file ``data['marks']`` when it starts
+    and every 20 ms while it waits in I/O, for ``data['sleep']`` seconds: the file, outside
+    the database, tells when each run's handler was alive."""
+    end = time.monotonic() + job.data.get("sleep", 30)
+    while time.monotonic() < end:
+        with open(job.data["marks"], "a") as marks:
+            marks.write(f"{job.worker_id} {time.time()}\n")
+        time.sleep(0.02)

@@ -4,7 +4,9 @@ until no due job is left)."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+import os
+import sys
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
@@ -161,8 +163,21 @@ class Command(BaseCommand):
         finally:
             if server is not None:
                 server.stop()
+        if worker.handlers_left_running:
+            _exit_at_once(code)
         if code:
             raise CommandError(f"worker exited with status {code}", returncode=code)
+
+
+def _exit_at_once(code: int) -> NoReturn:
+    """End the process now, with the handler threads that outlived the shutdown's grace
+    period: their jobs were released to run again a moment later (the worker's
+    ``RELEASED_RUNNING_DELAY``), which an interpreter's ordinary exit, running every
+    ``atexit`` function first, could outlast. Logs and output are flushed first."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _start_metrics(port: int | None, addr: str) -> MetricsServer | None:
