@@ -79,12 +79,13 @@ class EstimatedCountPaginator(JobPaginator):
         self.count_is_estimate = True
         return max(planner_estimate(self._rows()), exact)
 
-    def page(self, number: Any) -> Any:
-        """As Django's, the first page from the rows already read."""
-        number = self.validate_number(number)
-        if number != 1:
-            return super().page(number)
-        return Page(self.first_rows[: self.per_page], number, self)
+    def page(self, number: Any) -> Page[Job]:
+        """As Django's, the first page with the rows already read (its own slice of the
+        queryset is then never run)."""
+        page: Page[Job] = super().page(number)
+        if page.number == 1:
+            page.object_list = self.first_rows[: self.per_page]
+        return page
 
     def validate_number(self, number: Any) -> int:
         """As Django's, but an estimate never cuts pages off: a page past it that has
