@@ -6,11 +6,13 @@ result without calling it. A step that raised stores nothing and runs again next
 
 Where the checkpoint is written decides what "once" means:
 
-- A plain step writes it right after the function returns, committed on its own: on the
-  caller's connection in autocommit, or through the side connection (``sideconn``)
-  when the handler is inside a transaction, so that a later failure that rolls the
-  handler back keeps it. A worker killed between the function's return and that commit
-  runs the step again: at least once.
+- A plain step writes it right after the function returns, committed on its own, so
+  that a later failure that rolls the handler back keeps it. In a worker, the step
+  hands it to the worker's ``CheckpointWriter`` and returns; the worker waits for it
+  before recording the job's outcome (``settle()``). Elsewhere the step writes it on
+  the caller's connection in autocommit, or through the side connection (``sideconn``)
+  when the caller is inside a transaction. A worker killed between the function's
+  return and that commit runs the step again: at least once.
 - An atomic step (``atomic=True``) runs the function and writes the checkpoint in one
   transaction on the jobs database: the function's writes there and the checkpoint
   commit together, or neither does. Exactly once, for writes to the jobs database.
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -42,6 +45,7 @@ from asgiref.sync import sync_to_async
 from django.db import connections, transaction
 
 from . import conf, validation
+from .checkpoint_writer import CheckpointWriter
 from .exceptions import EventTimeout, JobSuspended, StepError
 from .schema import IN_FLIGHT, MAX_DELAY_SECONDS, StepKind
 from .sideconn import fetch_autocommit
@@ -52,6 +56,8 @@ if TYPE_CHECKING:
     from .models import Job
 
 T = TypeVar("T")
+
+logger = logging.getLogger("django_pgqueue.steps")
 
 # Every moment a checkpoint holds is the database's, never this host's clock, which may
 # run fast or slow: a sleep's or a wait's end is read as the seconds left until it.
@@ -123,7 +129,7 @@ def run_step(
                 )
     else:
         text = _result_json(func(*args, **kwargs))
-        if job._store_steps:
+        if job._store_steps and not _hand_to_writer(job, alias, name, text, started):
             _write_now(alias, job, _params(job, name, StepKind.STEP, text, None, _since(started)))
     _checkpoints(job, alias)[name] = Checkpoint(text, StepKind.STEP, None)
     return json.loads(text)
@@ -149,7 +155,7 @@ async def arun_step(
         return json.loads(stored.result)
     started = time.monotonic()
     text = _result_json(await func(*args, **kwargs))
-    if job._store_steps:
+    if job._store_steps and not _hand_to_writer(job, alias, name, text, started):
         await sync_to_async(_write_now)(
             alias, job, _params(job, name, StepKind.STEP, text, None, _since(started))
         )
@@ -302,12 +308,58 @@ class BatchReads:
             return self._read.pop(job_id, {})
 
 
-def share_reads(jobs: list[Job]) -> None:
-    """Have the jobs of one claim read their checkpoints together (``BatchReads``)."""
-    if len(jobs) > 1:
-        batch = BatchReads([job.id for job in jobs])
-        for job in jobs:
+def prepare_claimed(jobs: list[Job], writer: CheckpointWriter | None) -> None:
+    """Have the jobs of one claim read their checkpoints together (``BatchReads``) and
+    hand their plain steps' checkpoints to their worker's ``writer`` (None: each step
+    writes its own)."""
+    batch = BatchReads([job.id for job in jobs]) if len(jobs) > 1 else None
+    for job in jobs:
+        if writer is not None:
+            job.__dict__["_steps_writer"] = writer
+        if batch is not None:
             job.__dict__["_steps_batch"] = batch
+
+
+def _hand_to_writer(job: Job, alias: str, name: str, text: str, started: float) -> bool:
+    """Hand a plain step's checkpoint to the job's worker's writer; whether it took it.
+    The worker waits for it before recording the job's outcome (``settle()``)."""
+    writer: CheckpointWriter | None = job.__dict__.get("_steps_writer")
+    if writer is None or writer.alias != alias:
+        return False
+    ticket = writer.hand(job.id, job.worker_id, job.attempts, name, text, started, time.monotonic())
+    if ticket is None:
+        return False
+    job.__dict__["_steps_ticket"] = ticket
+    return True
+
+
+#: How long the worker waits for a handler's checkpoints before it records the job's
+#: outcome anyway (a checkpoint written later is refused: the attempt no longer holds
+#: the job, and its step runs again if the job is retried).
+SETTLE_SECONDS = 30.0
+
+
+def unsettled(job: Job) -> bool:
+    """Whether ``job``'s handler handed checkpoints to its worker's writer that
+    ``settle()`` has not waited for."""
+    return "_steps_ticket" in job.__dict__
+
+
+def settle(job: Job) -> None:
+    """Wait until the checkpoints that ``job``'s handler handed to its worker's writer
+    are written: the worker calls it when the handler has ended, before the outcome."""
+    ticket: int | None = job.__dict__.pop("_steps_ticket", None)
+    if ticket is None:
+        return
+    writer: CheckpointWriter = job.__dict__["_steps_writer"]
+    if not writer.wait(ticket, SETTLE_SECONDS):
+        logger.warning(
+            "job %s: its step checkpoints were not written within %g s; its outcome is "
+            "recorded without waiting longer (a step whose checkpoint is lost runs again "
+            "if the job is retried)",
+            job.id,
+            SETTLE_SECONDS,
+        )
 
 
 def _result_json(value: Any) -> str:

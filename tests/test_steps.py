@@ -352,7 +352,7 @@ def test_the_jobs_of_one_claim_read_their_checkpoints_in_one_query():
         held.refresh_from_db()
     for number, held in enumerate(jobs[:2]):
         steps._write(connection, steps._params(held, "charge", "step", str(number), None, 0.0))
-    steps.share_reads(jobs)
+    steps.prepare_claimed(jobs, None)
     with CaptureQueriesContext(connection) as queries:
         results = [held.step("charge", lambda: "ran") for held in jobs]
         assert results == [0, 1, "ran"]

@@ -287,9 +287,11 @@ def _processes_running(pattern: str) -> list[str]:
     return found.stdout.split()
 
 
-def test_a_worker_holds_concurrency_plus_three_connections_as_the_docs_say():
+@pytest.mark.parametrize("steps", [False, True], ids=["no steps", "plain steps"])
+def test_a_worker_holds_concurrency_plus_three_connections_as_the_docs_say(steps):
     # docs/how-to/production.md, "Size the database connections": the main loop, the
-    # listener, the heartbeat thread and one per slot whose handler used the database.
+    # listener, the heartbeat thread and one per slot whose handler used the database;
+    # and the checkpoint writer when handlers ran plain steps.
     import json
 
     from django.db import connection
@@ -304,14 +306,15 @@ def test_a_worker_holds_concurrency_plus_three_connections_as_the_docs_say():
 
     before = backends()
     for _ in range(3):
-        enqueue("tests.db_sleeps", {"sleep": 4})
+        enqueue("tests.db_sleeps", {"sleep": 4, "step": steps})
     settings = json.dumps({"HEARTBEAT_INTERVAL": 0.3})
     worker = WorkerProcess("--concurrency", "3", env={"PGQUEUE_TEST_SETTINGS": settings})
+    expected = 3 + 3 + (1 if steps else 0)
     try:
         wait_for(lambda: Job.objects.filter(status=JobStatus.RUNNING).count() == 3, timeout=20)
-        wait_for(lambda: len(backends() - before) >= 3 + 3, timeout=10)
+        wait_for(lambda: len(backends() - before) >= expected, timeout=10)
         time.sleep(1.0)  # nothing more opens while the jobs run
-        assert len(backends() - before) == 3 + 3, worker.output()[-2000:]
+        assert len(backends() - before) == expected, worker.output()[-2000:]
     finally:
         worker.stop()
 

@@ -27,7 +27,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db import connections
 
-from .. import conf, signals, tracing
+from .. import conf, signals, steps, tracing
 from ..exceptions import JobTimeout
 from ..sideconn import close_side_connections
 from .execution import (
@@ -234,6 +234,8 @@ async def _aexecute(running: RunningJob) -> Outcome:
                 value = await definition(job)
         finally:
             running.duration = time.monotonic() - running.started_monotonic
+            if steps.unsettled(job):
+                await asyncio.to_thread(steps.settle, job)
     except BaseException as exc:  # even SystemExit must not end the loop
         if isinstance(exc, TimeoutError) and timer.expired():
             exc = JobTimeout(f"ran past its timeout of {running.timeout:g}s")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from django.db import OperationalError, connections, transaction
 
-from .. import conf, registry, signals, tracing
+from .. import conf, registry, signals, steps, tracing
 from ..backoff import default_backoff
 from ..exceptions import (
     AsyncHandlerError,
@@ -383,6 +383,7 @@ def _execute(running: RunningJob, alias: str, in_worker: bool) -> Outcome:
             with running.thread_lock:
                 running.thread_id = None
             running.duration = time.monotonic() - running.started_monotonic
+            steps.settle(job)
     except BaseException as exc:  # even sys.exit() in a handler must not kill the slot
         if in_worker:
             if _is_operational_error(exc):

@@ -26,12 +26,13 @@ from typing import Any
 import psycopg
 
 from .. import conf, registry, validation
+from ..checkpoint_writer import CheckpointWriter
 from ..exceptions import InvalidArgumentError, InvalidWorkerOptionError
 from ..inserts import NOTIFY_COALESCE_SECONDS
 from ..logfields import fields, job_fields
 from ..models import Job
 from ..sideconn import open_raw_connection
-from ..steps import share_reads
+from ..steps import prepare_claimed
 from . import queries
 from .adapters import Float8Array, UUIDArray, adapt_worker_connection
 from .async_slots import AsyncSlots
@@ -236,6 +237,8 @@ class Worker:
         #: Round trips of the main loop (each records outcomes and/or claims a batch).
         self.round_trips = 0
         self._conn: psycopg.Connection[Any] | None = None
+        #: Writes the checkpoints of its handlers' plain steps, in the background.
+        self._checkpoints = CheckpointWriter(self.using)
         self._listener: NotificationListener | None = None
         self._last_claim_at = 0.0
         #: The rate limits it claims under: whether any exists, when a full window has
@@ -394,6 +397,7 @@ class Worker:
             self._mark_stopped()
             slots.stop()
             self.side_kinds.stop()
+            self._checkpoints.close()
             self._threads_stopping.set()
             for thread in threads:
                 # The listener is not waited for: it notices the stop within its 0.5 s
@@ -690,7 +694,7 @@ class Worker:
         if claim is None:
             return [], asked
         jobs, undecodable = claimed_jobs(claim, self.using)
-        share_reads(jobs)
+        prepare_claimed(jobs, self._checkpoints)
         if undecodable:
             self._outcomes.extend(undecodable)
             self._wake.set()  # record their failures now, not after a poll interval

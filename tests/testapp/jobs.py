@@ -114,8 +114,12 @@ def naps(job):
 @job("tests.db_sleeps", atomic=False)
 def db_sleeps(job):
     """Wait ``data["sleep"]`` seconds in the database (``pg_sleep``), not in Python:
-    under libfaketime, Python's ``time.sleep`` fails (tests/faults/test_clock_skew.py)."""
+    under libfaketime, Python's ``time.sleep`` fails (tests/faults/test_clock_skew.py).
+    ``data["step"]``: run a plain durable step first."""
     from django.db import connection
+
+    if job.data.get("step"):
+        job.step("before the sleep", int, 1)
 
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_sleep(%s)", [job.data["sleep"]])
