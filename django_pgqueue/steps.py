@@ -119,6 +119,7 @@ def run_step(
         return json.loads(stored.result)
     started = time.monotonic()
     if atomic:
+        settle(job)  # the checkpoints handed before this one come first
         with transaction.atomic(using=alias):
             text = _result_json(func(*args, **kwargs))
             params = _params(job, name, StepKind.STEP, text, None, _since(started), unflushed=False)
@@ -347,7 +348,9 @@ def unsettled(job: Job) -> bool:
 
 def settle(job: Job) -> None:
     """Wait until the checkpoints that ``job``'s handler handed to its worker's writer
-    are written: the worker calls it when the handler has ended, before the outcome."""
+    are written: the worker calls it when the handler has ended, before the outcome,
+    and a checkpoint written by the handler itself (an atomic step's, a sleep's, a
+    wait's) after them, so that a job's checkpoints follow the order of its steps."""
     ticket: int | None = job.__dict__.pop("_steps_ticket", None)
     if ticket is None:
         return
@@ -397,7 +400,9 @@ def _write(connection: BaseDatabaseWrapper, params: tuple[Any, ...]) -> bool:
 
 
 def _write_now(alias: str, job: Job, params: tuple[Any, ...]) -> None:
-    """Commit a checkpoint now, whatever transaction the caller is in."""
+    """Commit a checkpoint now, whatever transaction the caller is in, after those its
+    job handed to the writer before it."""
+    settle(job)
     connection = connections[alias]
     if not connection.in_atomic_block:
         _write(connection, params)
@@ -413,7 +418,9 @@ def _write_now(alias: str, job: Job, params: tuple[Any, ...]) -> None:
 
 def _fetch_now(alias: str, job: Job, sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
     """Run ``sql`` (a function that writes a checkpoint and returns a row) and commit it
-    now, whatever transaction the caller is in; its row, None for none."""
+    now, whatever transaction the caller is in, after the checkpoints its job handed to
+    the writer before it; its row, None for none."""
+    settle(job)
     connection = connections[alias]
     if not connection.in_atomic_block:
         return _fetch(connection, sql, params)

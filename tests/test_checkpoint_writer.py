@@ -203,3 +203,42 @@ def test_steps_before_a_failure_are_not_run_again_by_the_retry(clean_registry):
 
     assert done.status == JobStatus.COMPLETED
     assert ran == ["a in attempt 1", "b in attempt 1", "c in attempt 1"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_checkpoints_written_together_keep_the_order_they_were_handed_in(writer):
+    first, second = held_job(), held_job()
+    names = [f"step {n}" for n in range(40)]
+    blocker = psycopg.connect(database_url_for_tests())
+    try:
+        blocker.execute("LOCK TABLE pgqueue_job_steps IN SHARE MODE")
+        for name in names:  # interleaved: one batch holds both jobs' checkpoints
+            hand(writer, first, name)
+            last = hand(writer, second, name)
+        wait_for(_writer_blocked, timeout=10)
+        blocker.rollback()
+    finally:
+        blocker.close()
+    assert writer.wait(last, timeout=10)
+
+    for held in (first, second):
+        by_id = JobStep.objects.filter(job=held).order_by("id").values_list("name", flat=True)
+        assert list(by_id) == names
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_jobs_checkpoints_follow_its_steps_order_whichever_way_each_is_written(
+    clean_registry,
+):
+    @job("tests.mixed_steps", atomic=False)
+    def mixed_steps(job_):
+        job_.step("charge", int, 1)
+        job_.step("record-charge", int, 2, atomic=True)
+        job_.step("receipt", int, 3)
+        job_.sleep("settle", 0.0)
+        job_.step("crm", int, 4)
+
+    done = run_until_finished(enqueue("tests.mixed_steps"))
+
+    by_id = JobStep.objects.filter(job=done).order_by("id").values_list("name", flat=True)
+    assert list(by_id) == ["charge", "record-charge", "receipt", "settle", "crm"]

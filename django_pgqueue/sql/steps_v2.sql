@@ -4,7 +4,8 @@
 -- pgqueue_write_checkpoint stays the way of sleeps, atomic steps and steps run
 -- outside a worker.
 --
--- Element i of each array describes one checkpoint. Each is written only while its
+-- Element i of each array describes one checkpoint, in the order they were handed to
+-- the writer, which is the order their ids follow. Each is written only while its
 -- attempt holds the job (the job is claimed or running, by p_worker_ids[i], at attempt
 -- p_attempts[i]); one whose name is already stored for its job is left as it is
 -- rather than failing the others. The moments the step's function started and
@@ -28,11 +29,12 @@ BEGIN
            clock_timestamp() - c.started_ago * interval '1 second',
            clock_timestamp() - c.completed_ago * interval '1 second'
       FROM unnest(p_job_ids, p_worker_ids, p_attempts, p_names, p_results,
-                  p_started_ago, p_completed_ago)
-           AS c(job_id, worker_id, attempt, name, result, started_ago, completed_ago)
+                  p_started_ago, p_completed_ago) WITH ORDINALITY
+           AS c(job_id, worker_id, attempt, name, result, started_ago, completed_ago, n)
       JOIN pgqueue_jobs AS j ON j.id = c.job_id
      WHERE j.status IN ('claimed', 'running')
        AND j.worker_id IS NOT DISTINCT FROM c.worker_id AND j.attempts = c.attempt
+     ORDER BY c.n
     ON CONFLICT (job_id, name) DO NOTHING;
     GET DIAGNOSTICS written = ROW_COUNT;
     RETURN written;
