@@ -43,7 +43,7 @@ from .schema import JobStatus, literal
 from .worker import queries
 from .worker.async_slots import aexecute
 from .worker.execution import LOOP, PENDING, THREAD, Outcome, RunningJob, execute
-from .worker.runner import finish_params
+from .worker.finishing import finish_params
 
 __all__ = [
     "JobRun",

@@ -17,7 +17,7 @@ from django_pgqueue.logfields import JOB_FIELDS
 from django_pgqueue.recovery import recover_stale_jobs
 from django_pgqueue.worker import Worker
 from django_pgqueue.worker.execution import Outcome
-from django_pgqueue.worker.runner import _finish_statement
+from django_pgqueue.worker.finishing import finish_statement
 from tests.testapp import process_jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -219,7 +219,7 @@ def test_an_outcome_refused_because_the_job_was_recovered_names_the_job(caplog, 
     outcome = Outcome(stale.id, "completed")
     with connection.cursor() as cursor:
         cursor.execute("UPDATE pgqueue_jobs SET worker_id = 'w-new' WHERE id = %s", [stale.id])
-        cursor.execute(*_finish_statement([outcome], "w-lost"))
+        cursor.execute(*finish_statement([outcome], "w-lost"))
         runner._outcomes = [outcome]
 
         with caplog.at_level(logging.WARNING, logger="django_pgqueue.worker"):

@@ -13,12 +13,12 @@ from django_pgqueue import enqueue
 from django_pgqueue.models import Job, JobStatus
 from django_pgqueue.worker import queries
 from django_pgqueue.worker.execution import Outcome
-from django_pgqueue.worker.runner import (
-    Worker,
-    _finish_completed_params,
-    _finish_statement,
+from django_pgqueue.worker.finishing import (
+    finish_completed_params,
     finish_params,
+    finish_statement,
 )
+from django_pgqueue.worker.runner import Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -66,10 +66,10 @@ def test_plain_completions_are_written_as_the_general_statement_writes_them(work
     outcomes = [Outcome(first.id, "completed", started=started)]
     same_for_second = [Outcome(second.id, "completed", started=started)]
 
-    assert _finish_statement(outcomes, worker.worker_id)[0] == queries.FINISH_COMPLETED
+    assert finish_statement(outcomes, worker.worker_id)[0] == queries.FINISH_COMPLETED
     conn = worker._db()
     with conn.transaction():  # one transaction: both statements see the same now()
-        conn.execute(queries.FINISH_COMPLETED, _finish_completed_params(outcomes, "cycle-worker"))
+        conn.execute(queries.FINISH_COMPLETED, finish_completed_params(outcomes, "cycle-worker"))
         conn.execute(queries.FINISH, finish_params(same_for_second, "cycle-worker"))
 
     lean, general = row(first.id), row(second.id)
@@ -95,9 +95,9 @@ def test_plain_completions_of_jobs_started_at_once_keep_the_claims_start_time(wo
     claimed_start = row(first.id)["started_at"]
     outcomes = [Outcome(first.id, "completed"), Outcome(second.id, "completed")]
 
-    assert _finish_statement(outcomes, worker.worker_id)[0] == queries.FINISH_COMPLETED
+    assert finish_statement(outcomes, worker.worker_id)[0] == queries.FINISH_COMPLETED
     conn = worker._db()
-    conn.execute(queries.FINISH_COMPLETED, _finish_completed_params(outcomes[:1], "cycle-worker"))
+    conn.execute(queries.FINISH_COMPLETED, finish_completed_params(outcomes[:1], "cycle-worker"))
     conn.execute(queries.FINISH, finish_params(outcomes[1:], "cycle-worker"))
 
     assert row(first.id)["status"] == row(second.id)["status"] == JobStatus.COMPLETED
@@ -117,8 +117,8 @@ def test_plain_completions_of_jobs_started_at_once_keep_the_claims_start_time(wo
 )
 def test_a_batch_with_anything_but_plain_completions_uses_the_general_statement(other):
     plain = Outcome(None, "completed", started=time.monotonic())
-    assert _finish_statement([plain, other], "w")[0] == queries.FINISH
-    assert _finish_statement([plain], "w")[0] == queries.FINISH_COMPLETED
+    assert finish_statement([plain, other], "w")[0] == queries.FINISH
+    assert finish_statement([plain], "w")[0] == queries.FINISH_COMPLETED
 
 
 @pytest.mark.parametrize(
@@ -137,7 +137,7 @@ def test_an_outcome_for_a_job_taken_back_is_not_recorded_and_is_logged(
         Outcome(taken.id, "completed", started=time.monotonic()),
         Outcome(kept.id, second_status, started=time.monotonic(), error=error),
     ]
-    assert _finish_statement(worker._outcomes, worker.worker_id)[0] == statement
+    assert finish_statement(worker._outcomes, worker.worker_id)[0] == statement
 
     with caplog.at_level(logging.WARNING, logger="django_pgqueue.worker"):
         worker._cycle(None)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import queue
 import secrets
@@ -34,7 +33,7 @@ from ..models import Job
 from ..sideconn import open_raw_connection
 from ..steps import prepare_claimed
 from . import queries
-from .adapters import Float8Array, UUIDArray, adapt_worker_connection
+from .adapters import adapt_worker_connection
 from .async_slots import AsyncSlots
 from .claimed import claimed_jobs
 from .execution import (
@@ -51,6 +50,7 @@ from .execution import (
     suspect_lost_connections,
     timeout_outcome,
 )
+from .finishing import finish_statement
 from .handback import RELEASED_RUNNING_DELAY, forced_exit_outcomes, hand_back
 from .heartbeat import Heartbeat
 from .kinds import Pool, SideKind, SideKinds, kind_of
@@ -659,7 +659,7 @@ class Worker:
                 )
             if outcomes:
                 finish = psycopg.Cursor(conn)
-                finish.execute(*_finish_statement(outcomes, self.worker_id), prepare=False)
+                finish.execute(*finish_statement(outcomes, self.worker_id), prepare=False)
             if asked:
                 # Binary results: psycopg's C loaders decode the timestamps and UUIDs
                 # of a whole batch far faster than text parsing in Python.
@@ -908,7 +908,7 @@ class Worker:
         outcomes = forced_exit_outcomes(list(self._running.values()), list(self._outcomes))
         if not outcomes:
             return
-        written = hand_back(self.using, *_finish_statement(outcomes, self.worker_id))
+        written = hand_back(self.using, *finish_statement(outcomes, self.worker_id))
         if written is None:
             logger.error(
                 "%d job(s) not handed back; recovery returns them once their heartbeat "
@@ -931,52 +931,6 @@ class Worker:
             self.shutdown_grace,
         )
         self.stop()
-
-
-def _finish_statement(outcomes: list[Outcome], worker_id: str) -> tuple[str, list[Any]]:
-    """The statement recording ``outcomes``, and its parameters: ``FINISH_COMPLETED``
-    when every job completed with no result and no note, else ``FINISH``."""
-    if all(o.status == COMPLETED and o.result is None and o.error is None for o in outcomes):
-        return queries.FINISH_COMPLETED, _finish_completed_params(outcomes, worker_id)
-    return queries.FINISH, finish_params(outcomes, worker_id)
-
-
-def _finish_completed_params(outcomes: list[Outcome], worker_id: str) -> list[Any]:
-    now = time.monotonic()
-    return [
-        UUIDArray([o.job_id for o in outcomes]),
-        Float8Array([math.nan if o.started is None else now - o.started for o in outcomes]),
-        worker_id,
-    ]
-
-
-def _seconds_ago(started: float | None, now: float) -> float | None:
-    """An outcome's start as the seconds before ``now`` (both ``time.monotonic()``), which
-    the statement subtracts from the database's clock; None for none."""
-    return None if started is None else now - started
-
-
-def finish_params(outcomes: list[Outcome], worker_id: str) -> list[Any]:
-    """The parameters of ``queries.FINISH`` recording ``outcomes`` of ``worker_id``'s jobs
-    (the worker's id twice: it guards the update and names the worker of the attempts).
-    Tracebacks are left out when ``PGQUEUE["STORE_TRACEBACKS"]`` is off."""
-    store_tracebacks = conf.get_settings().STORE_TRACEBACKS
-    now = time.monotonic()
-    return [
-        [o.job_id for o in outcomes],
-        [o.status for o in outcomes],
-        # float() always: psycopg refuses a list mixing ints and floats.
-        [float(o.delay) for o in outcomes],
-        [o.refund for o in outcomes],
-        [o.error for o in outcomes],
-        [o.traceback if store_tracebacks else None for o in outcomes],
-        [o.result for o in outcomes],
-        [math.nan if o.unstarted else _seconds_ago(o.started, now) for o in outcomes],
-        [o.snoozed for o in outcomes],
-        [o.suspended for o in outcomes],
-        worker_id,
-        worker_id,
-    ]
 
 
 def _log_outcome(job: Job, outcome: Outcome) -> None:

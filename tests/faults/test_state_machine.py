@@ -23,7 +23,7 @@ from django_pgqueue.models import Job
 from django_pgqueue.recovery import recover_stale_jobs
 from django_pgqueue.worker import queries
 from django_pgqueue.worker.execution import Outcome
-from django_pgqueue.worker.runner import finish_params
+from django_pgqueue.worker.finishing import finish_params
 
 pytestmark = pytest.mark.django_db
 
