@@ -34,7 +34,16 @@ def cut_this_threads_connection():
 
 
 def run_in_this_thread(job):
-    job.worker_id, job.attempts = "test-slot", 1  # as claimed
+    # As claimed: the slot's worker holds it (an atomic handler's completion is written
+    # in its transaction only while it does).
+    # Written on a connection of its own: this thread's may have been cut.
+    with open_raw_connection("default") as other:
+        other.execute(
+            "UPDATE pgqueue_jobs SET status = 'running', worker_id = 'test-slot', attempts = 1 "
+            "WHERE id = %s",
+            [job.id],
+        )
+    job.status, job.worker_id, job.attempts = "running", "test-slot", 1
     return execute(
         RunningJob(job=job, definition=registry.find_definition(job.job_type)), "default"
     )

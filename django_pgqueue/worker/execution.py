@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 from django.db import OperationalError, connections, transaction
+from psycopg import pq
 
 from .. import conf, registry, signals, steps, tracing
 from ..backoff import default_backoff
@@ -31,6 +32,7 @@ from ..exceptions import (
 )
 from ..logfields import job_fields
 from ..schema import MAX_DELAY_SECONDS, JobStatus
+from . import finishing
 
 if TYPE_CHECKING:
     from ..models import Job
@@ -74,6 +76,9 @@ class Outcome:
     #: Handed back before its handler started: it keeps no start time, and the room its
     #: rate limits counted for it goes back too (``pgqueue_rate_hand_back()``).
     unstarted: bool = False
+    #: Already written, in the handler's own transaction (``record_in_transaction()``):
+    #: the worker only counts it.
+    recorded: bool = False
     #: What the handler raised, for the log record and the span (never stored or sent
     #: to another process: ``traceback`` is its text); dropped once logged.
     exception: BaseException | None = field(default=None, repr=False, compare=False)
@@ -370,6 +375,7 @@ def _execute(running: RunningJob, alias: str, in_worker: bool) -> Outcome:
     assert running.started_monotonic is not None
     _send(signals.job_started, job)
     running.thread_id = threading.get_ident()
+    recorded: Outcome | None = None
     try:
         try:
             if definition.atomic:
@@ -377,6 +383,8 @@ def _execute(running: RunningJob, alias: str, in_worker: bool) -> Outcome:
                     # Refused inside the transaction: what the handler wrote before
                     # returning the awaitable is rolled back with the failed attempt.
                     value = refuse_awaitable(definition(job), job)
+                    if in_worker:
+                        recorded = record_in_transaction(running, alias, value)
             else:
                 value = refuse_awaitable(definition(job), job)
         finally:
@@ -393,8 +401,47 @@ def _execute(running: RunningJob, alias: str, in_worker: bool) -> Outcome:
             _reset_broken_connections()
         return _failed(running, exc)
     _send(signals.job_completed, job, result=value)
+    if recorded is not None:
+        return recorded
     result, note = result_json(value)
     return Outcome(job.id, COMPLETED, result=result, error=note)
+
+
+def record_in_transaction(running: RunningJob, alias: str, value: Any) -> Outcome | None:
+    """Record the completion of ``running`` in its handler's transaction, if the handler
+    used the database in it: its work and its completion then commit together, once (a
+    worker that dies after the commit leaves the job completed, not running to be
+    recovered and run again). Return the outcome written; None when the transaction has
+    not begun (a handler that made no query), whose outcome the worker writes with the
+    others of its batch. Raises ``JobLost``, rolling the handler's work back, when the
+    attempt no longer holds the job."""
+    job = running.job
+    # The plain steps' checkpoints first: once the job is completed, they would be
+    # refused (the attempt no longer holds a running job).
+    steps.settle(job)
+    connection = connections[alias]
+    raw = connection.connection
+    if raw is None or raw.info.transaction_status != pq.TransactionStatus.INTRANS:
+        return None
+    result, note = result_json(value)
+    outcome = Outcome(
+        job.id, COMPLETED, result=result, error=note, started=running.recorded_start()
+    )
+    assert job.worker_id is not None  # a claimed job's
+    with connection.wrap_database_errors:
+        cursor = psycopg.Cursor(raw)
+        cursor.execute(*finishing.finish_statement([outcome], job.worker_id), prepare=False)
+    if cursor.rowcount != 1:
+        raise JobLost(
+            f"job {job.id} is no longer held by worker {job.worker_id} (it was recovered "
+            "meanwhile): the handler's transaction was rolled back"
+        )
+    outcome.recorded = True
+    return outcome
+
+
+class JobLost(Exception):
+    """The attempt lost its job before its handler's transaction committed."""
 
 
 def refuse_awaitable(value: Any, job: Job) -> Any:

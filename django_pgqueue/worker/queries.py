@@ -50,12 +50,15 @@ RATE_LIMITED = "SELECT EXISTS (SELECT 1 FROM pgqueue_rate_limits)"
 # cancellations alike. A job retried goes back to pending with no worker; a finished
 # one keeps the worker that ran it, for the record. The arrays go in binary (%b):
 # psycopg dumps lists of UUIDs and floats two to three times faster in binary than in text.
+# Moments are the statement's (statement_timestamp()), not its transaction's: an atomic
+# handler's completion is written in the handler's own transaction, begun at its first
+# query (execution.record_in_transaction()).
 # started_ago: how many seconds before the statement a prefetched job's handler started,
 # by the worker's monotonic clock, so that started_at is on the database's clock like
-# every other moment: taken from now(), as completed_at is (never after it), and never
-# before the claim (NULL: keep the claim's started_at); NaN for a job handed back
-# unstarted, which then has no start time at all (read back, a start time that never
-# happened would count against its rate limit's window).
+# every other moment: taken from the statement's moment, as completed_at is (never after
+# it), and never before the claim (NULL: keep the claim's started_at); NaN for a job
+# handed back unstarted, which then has no start time at all (read back, a start time
+# that never happened would count against its rate limit's window).
 # An attempt that ended without completing its job (all but those handed back unstarted)
 # is recorded in pgqueue_job_attempts by the same statement; a retried or snoozed job
 # starts its next attempt with no progress or stage of this one. A suspended job (a
@@ -69,10 +72,11 @@ UPDATE pgqueue_jobs AS jobs
        progress = CASE o.status WHEN {_COMPLETED} THEN 100 WHEN {_PENDING} THEN 0
                                 ELSE jobs.progress END,
        current_stage = CASE WHEN o.status = {_PENDING} THEN '' ELSE jobs.current_stage END,
-       completed_at = CASE WHEN o.status = {_PENDING} THEN NULL ELSE now() END,
+       completed_at = CASE WHEN o.status = {_PENDING} THEN NULL ELSE statement_timestamp() END,
        run_at = CASE WHEN o.status <> {_PENDING} THEN jobs.run_at
-                     WHEN o.suspended > 0 AND jobs.run_at > jobs.claimed_at THEN now()
-                     ELSE now() + o.delay * interval '1 second' END,
+                     WHEN o.suspended > 0 AND jobs.run_at > jobs.claimed_at
+                          THEN statement_timestamp()
+                     ELSE statement_timestamp() + o.delay * interval '1 second' END,
        worker_id = CASE WHEN o.status = {_PENDING} THEN NULL ELSE jobs.worker_id END,
        attempts = jobs.attempts - o.refund,
        snoozes = jobs.snoozes + o.snoozed,
@@ -82,8 +86,9 @@ UPDATE pgqueue_jobs AS jobs
        result = o.result::jsonb,
        started_at = CASE WHEN o.started_ago = 'NaN' THEN NULL
                          WHEN o.started_ago IS NULL THEN jobs.started_at
-                         ELSE GREATEST(jobs.claimed_at,
-                                       now() - o.started_ago * interval '1 second') END
+                         ELSE GREATEST(jobs.claimed_at, statement_timestamp()
+                                                        - o.started_ago * interval '1 second')
+                    END
   FROM unnest(%b::uuid[], %b::text[], %b::float8[], %b::int[], %b::text[], %b::text[],
               %b::text[], %b::float8[], %b::int[], %b::int[])
        AS o(id, status, delay, refund, error, traceback, result, started_ago, snoozed,
@@ -97,7 +102,7 @@ RETURNING jobs.id, o.status, o.refund, o.snoozed, o.suspended,
 ), recorded AS (
 INSERT INTO pgqueue_job_attempts
        (job_id, attempt, worker_id, started_at, ended_at, outcome, error, traceback)
-SELECT id, attempt, %s, started_at, now(),
+SELECT id, attempt, %s, started_at, statement_timestamp(),
        CASE WHEN status <> {_PENDING} THEN status
             WHEN snoozed > 0 THEN 'snoozed' WHEN suspended > 0 THEN 'suspended'
             ELSE 'retried' END,
@@ -115,11 +120,12 @@ FINISH_COMPLETED = f"""
 UPDATE pgqueue_jobs AS jobs
    SET status = {_COMPLETED},
        progress = 100,
-       completed_at = now(),
+       completed_at = statement_timestamp(),
        result = NULL,
        started_at = CASE WHEN o.started_ago = 'NaN' THEN jobs.started_at
-                         ELSE GREATEST(jobs.claimed_at,
-                                       now() - o.started_ago * interval '1 second') END
+                         ELSE GREATEST(jobs.claimed_at, statement_timestamp()
+                                                        - o.started_ago * interval '1 second')
+                    END
   FROM unnest(%b::uuid[], %b::float8[]) AS o(id, started_ago)
  WHERE jobs.id = o.id
    AND jobs.worker_id = %s

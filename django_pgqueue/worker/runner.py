@@ -759,8 +759,9 @@ class Worker:
                 self.stats[outcome.status] += 1
             else:
                 logger.warning(
-                    "job %s was no longer held by %s (recovered by another worker); "
-                    "its outcome %r was not recorded",
+                    "job %s was no longer held by %s (recovered by another worker, or "
+                    "completed by its handler's transaction although the commit's "
+                    "acknowledgement was lost); its outcome %r was not recorded",
                     outcome.job_id,
                     self.worker_id,
                     outcome.status,
@@ -787,10 +788,13 @@ class Worker:
             if self._abandoned.pop(job_id, None) is not None:
                 continue  # its timeout outcome was recorded when it was abandoned
             self._running.pop(job_id, None)
-            outcome.started = running.recorded_start()
             if running.duration is not None:
                 self._observe_duration(running.duration)
-            self._outcomes.append(outcome)
+            if outcome.recorded:  # in the handler's transaction
+                self.stats[outcome.status] += 1
+            else:
+                outcome.started = running.recorded_start()
+                self._outcomes.append(outcome)
             _log_outcome(running.job, outcome)
             outcome.exception = None  # logged: its frames need not live until written
 

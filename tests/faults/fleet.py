@@ -224,14 +224,20 @@ def drain_through_kills(
     return CrashDrain(figures, repeated, kills, round(seconds, 1))
 
 
-def assert_nothing_lost(drain: CrashDrain, fleet: Fleet, jobs: int, min_kills: int) -> None:
+def assert_nothing_lost(
+    drain: CrashDrain, fleet: Fleet, jobs: int, min_kills: int, *, once: bool
+) -> None:
     """Every job completed, no two runs of one job overlapped, and a run was repeated
     only when the worker of the run before was killed before recording it (at least
-    once: each repeat is a run whose transaction committed before its FINISH did)."""
+    once: each repeat is a run whose writes committed before its outcome did). ``once``:
+    the handler is atomic, and its completion commits with its writes, so no run's
+    writes are there twice (effectively once)."""
     result = drain.figures
     assert result["jobs"] == jobs
     assert result["lost"] == 0, result
     assert result["overlaps"] == 0, result
     assert {worker for _, worker in drain.repeated} <= set(fleet.killed_ids), drain.repeated
     assert result["duplicates"] == len(drain.repeated)
+    if once:
+        assert result["duplicates"] == 0, drain.repeated
     assert drain.kills >= min_kills, f"only {drain.kills} kills before the deadline"

@@ -4,7 +4,9 @@ import os
 import signal
 import time
 
+import psycopg
 from asgiref.sync import sync_to_async
+from django.db import transaction
 from django.utils import timezone
 
 from django_pgqueue import Backoff, FailJob, RetryJob, Snooze, job
@@ -30,6 +32,26 @@ def durable(job):
     """``tests.record`` with attempts to spare: fault tests cut connections under it,
     which fails attempts, and want every job completed in the end (tests/faults/)."""
     _record_execution(job)
+
+
+@job("tests.dies_after_commit", max_attempts=3)
+def dies_after_commit(job):
+    """Record the execution, then end the worker's process the moment the handler's
+    transaction has committed, before the worker can write anything else."""
+    _record_execution(job)
+    transaction.on_commit(lambda: os._exit(17))
+
+
+@job("tests.loses_its_job", max_attempts=3)
+def loses_its_job(job):
+    """Record the execution; meanwhile, recovery gives the job to worker ``other``
+    (written from another connection, as recovery would)."""
+    _record_execution(job)
+    with psycopg.connect(job.data["database_url"], autocommit=True) as other:
+        other.execute(
+            "UPDATE pgqueue_jobs SET worker_id = 'other', attempts = attempts + 1 WHERE id = %s",
+            [job.id],
+        )
 
 
 def _record_execution(job):
