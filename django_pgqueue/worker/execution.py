@@ -421,7 +421,8 @@ def record_in_transaction(running: RunningJob, alias: str, value: Any) -> Outcom
     steps.settle(job)
     connection = connections[alias]
     raw = connection.connection
-    if raw is None or raw.info.transaction_status != pq.TransactionStatus.INTRANS:
+    # Read from libpq directly: this runs for every atomic handler, W3's no-ops too.
+    if raw is None or raw.pgconn.transaction_status != _IN_TRANSACTION:
         return None
     result, note = result_json(value)
     outcome = Outcome(
@@ -438,6 +439,9 @@ def record_in_transaction(running: RunningJob, alias: str, value: Any) -> Outcom
         )
     outcome.recorded = True
     return outcome
+
+
+_IN_TRANSACTION = int(pq.TransactionStatus.INTRANS)
 
 
 class JobLost(Exception):
