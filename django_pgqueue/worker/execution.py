@@ -431,7 +431,8 @@ def record_in_transaction(running: RunningJob, alias: str, value: Any) -> Outcom
     assert job.worker_id is not None  # a claimed job's
     with connection.wrap_database_errors:
         cursor = psycopg.Cursor(raw)
-        cursor.execute(*finishing.finish_statement([outcome], job.worker_id), prepare=False)
+        statement = finishing.finish_statement([outcome], job.worker_id, in_transaction=True)
+        cursor.execute(*statement, prepare=False)
     if cursor.rowcount != 1:
         raise JobLost(
             f"job {job.id} is no longer held by worker {job.worker_id} (it was recovered "

@@ -19,12 +19,20 @@ if TYPE_CHECKING:
 _COMPLETED = JobStatus.COMPLETED.value
 
 
-def finish_statement(outcomes: list[Outcome], worker_id: str) -> tuple[str, list[Any]]:
+def finish_statement(
+    outcomes: list[Outcome], worker_id: str, *, in_transaction: bool = False
+) -> tuple[str, list[Any]]:
     """The statement recording ``outcomes``, and its parameters: ``FINISH_COMPLETED``
-    when every job completed with no result and no note, else ``FINISH``."""
+    when every job completed with no result and no note, else ``FINISH``; their
+    ``_IN_TRANSACTION`` forms, which take the statement's moment rather than the
+    transaction's, for a completion written in its handler's transaction."""
     if all(o.status == _COMPLETED and o.result is None and o.error is None for o in outcomes):
-        return queries.FINISH_COMPLETED, finish_completed_params(outcomes, worker_id)
-    return queries.FINISH, finish_params(outcomes, worker_id)
+        statement = (
+            queries.FINISH_COMPLETED_IN_TRANSACTION if in_transaction else queries.FINISH_COMPLETED
+        )
+        return statement, finish_completed_params(outcomes, worker_id)
+    statement = queries.FINISH_IN_TRANSACTION if in_transaction else queries.FINISH
+    return statement, finish_params(outcomes, worker_id)
 
 
 def finish_completed_params(outcomes: list[Outcome], worker_id: str) -> list[Any]:

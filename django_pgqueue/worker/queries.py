@@ -46,16 +46,19 @@ RATE_HAND_BACK = "SELECT pgqueue_rate_hand_back(%s::uuid[], %s)"
 # Whether any rate limit exists: only then does a worker ask RATE_LIMIT_WAIT.
 RATE_LIMITED = "SELECT EXISTS (SELECT 1 FROM pgqueue_rate_limits)"
 
+
 # One statement finishes a whole batch of outcomes: completions, retries, failures and
 # cancellations alike. A job retried goes back to pending with no worker; a finished
 # one keeps the worker that ran it, for the record. The arrays go in binary (%b):
 # psycopg dumps lists of UUIDs and floats two to three times faster in binary than in text.
-# Moments are the statement's (statement_timestamp()), not its transaction's: an atomic
-# handler's completion is written in the handler's own transaction, begun at its first
-# query (execution.record_in_transaction()).
+# Moments are the transaction's (now()) in the worker's batches, which claim in the same
+# transaction: a job made due at now() (a woken wait, a workflow's next job) is due to
+# that claim. An atomic handler's completion is written in the handler's own transaction
+# (execution.record_in_transaction()), begun at its first query: there they are the
+# statement's (statement_timestamp()), FINISH_IN_TRANSACTION and its kin.
 # started_ago: how many seconds before the statement a prefetched job's handler started,
 # by the worker's monotonic clock, so that started_at is on the database's clock like
-# every other moment: taken from the statement's moment, as completed_at is (never after
+# every other moment: taken from the same moment as completed_at (never after
 # it), and never before the claim (NULL: keep the claim's started_at); NaN for a job
 # handed back unstarted, which then has no start time at all (read back, a start time
 # that never happened would count against its rate limit's window).
@@ -65,18 +68,18 @@ RATE_LIMITED = "SELECT EXISTS (SELECT 1 FROM pgqueue_rate_limits)"
 # sleep, a wait for an event: ``suspended``) is due after its delay, or at once when an
 # emitted event woke it while it ran (pgqueue_emit_event() then moved its run_at past
 # its claimed_at; a claim always leaves run_at at or before claimed_at).
-FINISH = f"""
+def _finish(moment: str) -> str:
+    return f"""
 WITH finished AS (
 UPDATE pgqueue_jobs AS jobs
    SET status = o.status,
        progress = CASE o.status WHEN {_COMPLETED} THEN 100 WHEN {_PENDING} THEN 0
                                 ELSE jobs.progress END,
        current_stage = CASE WHEN o.status = {_PENDING} THEN '' ELSE jobs.current_stage END,
-       completed_at = CASE WHEN o.status = {_PENDING} THEN NULL ELSE statement_timestamp() END,
+       completed_at = CASE WHEN o.status = {_PENDING} THEN NULL ELSE {moment} END,
        run_at = CASE WHEN o.status <> {_PENDING} THEN jobs.run_at
-                     WHEN o.suspended > 0 AND jobs.run_at > jobs.claimed_at
-                          THEN statement_timestamp()
-                     ELSE statement_timestamp() + o.delay * interval '1 second' END,
+                     WHEN o.suspended > 0 AND jobs.run_at > jobs.claimed_at THEN {moment}
+                     ELSE {moment} + o.delay * interval '1 second' END,
        worker_id = CASE WHEN o.status = {_PENDING} THEN NULL ELSE jobs.worker_id END,
        attempts = jobs.attempts - o.refund,
        snoozes = jobs.snoozes + o.snoozed,
@@ -86,9 +89,8 @@ UPDATE pgqueue_jobs AS jobs
        result = o.result::jsonb,
        started_at = CASE WHEN o.started_ago = 'NaN' THEN NULL
                          WHEN o.started_ago IS NULL THEN jobs.started_at
-                         ELSE GREATEST(jobs.claimed_at, statement_timestamp()
-                                                        - o.started_ago * interval '1 second')
-                    END
+                         ELSE GREATEST(jobs.claimed_at,
+                                       {moment} - o.started_ago * interval '1 second') END
   FROM unnest(%b::uuid[], %b::text[], %b::float8[], %b::int[], %b::text[], %b::text[],
               %b::text[], %b::float8[], %b::int[], %b::int[])
        AS o(id, status, delay, refund, error, traceback, result, started_ago, snoozed,
@@ -102,7 +104,7 @@ RETURNING jobs.id, o.status, o.refund, o.snoozed, o.suspended,
 ), recorded AS (
 INSERT INTO pgqueue_job_attempts
        (job_id, attempt, worker_id, started_at, ended_at, outcome, error, traceback)
-SELECT id, attempt, %s, started_at, statement_timestamp(),
+SELECT id, attempt, %s, started_at, {moment},
        CASE WHEN status <> {_PENDING} THEN status
             WHEN snoozed > 0 THEN 'snoozed' WHEN suspended > 0 THEN 'suspended'
             ELSE 'retried' END,
@@ -113,25 +115,34 @@ SELECT id, attempt, %s, started_at, statement_timestamp(),
 SELECT id FROM finished
 """
 
+
+FINISH = _finish("now()")
+FINISH_IN_TRANSACTION = _finish("statement_timestamp()")
+
+
 # FINISH for a batch in which every job completed with no result and no note: what
 # FINISH writes for such outcomes, from two arrays instead of eight (most batches).
 # A binary float array has no NULL: NaN stands for "keep the claim's started_at".
-FINISH_COMPLETED = f"""
+def _finish_completed(moment: str) -> str:
+    return f"""
 UPDATE pgqueue_jobs AS jobs
    SET status = {_COMPLETED},
        progress = 100,
-       completed_at = statement_timestamp(),
+       completed_at = {moment},
        result = NULL,
        started_at = CASE WHEN o.started_ago = 'NaN' THEN jobs.started_at
-                         ELSE GREATEST(jobs.claimed_at, statement_timestamp()
-                                                        - o.started_ago * interval '1 second')
-                    END
+                         ELSE GREATEST(jobs.claimed_at,
+                                       {moment} - o.started_ago * interval '1 second') END
   FROM unnest(%b::uuid[], %b::float8[]) AS o(id, started_ago)
  WHERE jobs.id = o.id
    AND jobs.worker_id = %s
    AND {_HELD}
 RETURNING jobs.id
 """
+
+
+FINISH_COMPLETED = _finish_completed("now()")
+FINISH_COMPLETED_IN_TRANSACTION = _finish_completed("statement_timestamp()")
 
 # Only the jobs the worker knows it holds: a claim whose answer was lost with the
 # connection must go stale and be recovered, not be kept alive forever.
