@@ -6,12 +6,13 @@ and time it was given) or raises :class:`InvalidJobError` with nothing written.
 
 from __future__ import annotations
 
-from datetime import timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.db.models.functions import Now
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from django_pgqueue import InvalidJobError, enqueue, enqueue_many
@@ -103,6 +104,13 @@ def _due_for_the_worker(job: Job, run_at: Any) -> Any:
     return None if moved else run_at
 
 
+def _same_instant(shown: datetime, given: datetime) -> bool:
+    """Whether two aware datetimes name one instant. Python never finds a local time in a
+    gap or fold of its zone (a DST change) equal to a time of another zone (PEP 495),
+    though it converts it to UTC as PostgreSQL stores it."""
+    return shown.astimezone(UTC) == given.astimezone(UTC)
+
+
 def _assert_round_trip(job: Job, data: Any, run_at: Any, queue: str) -> None:
     stored = Job.objects.get(pk=job.pk)
     assert stored.status == JobStatus.COMPLETED, stored.last_error
@@ -110,10 +118,16 @@ def _assert_round_trip(job: Job, data: Any, run_at: Any, queue: str) -> None:
     assert seen["data"] == ({} if data is None else data)
     assert seen["queue"] == queue
     if run_at is not None:
-        assert seen["run_at"] == run_at
+        assert _same_instant(seen["run_at"], run_at), (seen["run_at"], run_at)
+
+
+#: A local time in a DST gap (Atyrau moved from +04 to +05 at 2 a.m. that day): Python
+#: converts it to UTC, but finds it equal to no time of another zone.
+IN_A_GAP = datetime(2000, 3, 26, 2, 0, tzinfo=ZoneInfo("Asia/Atyrau"))
 
 
 @EXAMPLES
+@example(data=None, run_at=IN_A_GAP, queue="default", unique_key=None)
 @given(data=payloads, run_at=times, queue=names, unique_key=unique_keys)
 def test_enqueue_round_trips_or_rejects_with_nothing_written(data, run_at, queue, unique_key):
     Job.objects.all().delete()
@@ -137,13 +151,14 @@ def test_enqueue_round_trips_or_rejects_with_nothing_written(data, run_at, queue
         unique_key,
     )
     if run_at is not None:
-        assert stored.run_at == run_at
+        assert _same_instant(stored.run_at, run_at), (stored.run_at, run_at)
     run_at = _due_for_the_worker(job, run_at)
     _run_worker()
     _assert_round_trip(job, data, run_at, queue)
 
 
 @EXAMPLES
+@example(specs=[{"job_type": "tests.echo", "run_at": IN_A_GAP}])
 @given(
     specs=st.lists(
         st.fixed_dictionaries(
