@@ -133,7 +133,11 @@ class CheckpointWriter:
                         continue
                     batch = self._queue[:MAX_BATCH]
                     del self._queue[:MAX_BATCH]
-                conn = self._write(conn, batch)
+                try:
+                    conn = self._write(conn, batch)
+                except Exception as exc:  # never leave the waiters waiting on a dead thread
+                    logger.exception("checkpoint writer: unexpected error")
+                    _give_up(batch, exc)
                 with self._cond:
                     self._done = batch[-1].ticket
                     self._cond.notify_all()
@@ -146,11 +150,12 @@ class CheckpointWriter:
     ) -> psycopg.Connection[Any] | None:
         """Write ``batch``, reconnecting once if the connection was lost; return the
         connection to use next (None: open a new one)."""
+        params = _params(batch)
         for attempt in (1, 2):
             try:
                 if conn is None or conn.closed:
                     conn = open_raw_connection(self.alias, connect_timeout=CONNECT_TIMEOUT)
-                conn.execute(_WRITE, _params(batch), prepare=False)
+                conn.execute(_WRITE, params, prepare=False)
                 return conn
             except psycopg.OperationalError as exc:
                 # Written and lost on the way back, or not written: a second write of

@@ -242,3 +242,16 @@ def test_a_jobs_checkpoints_follow_its_steps_order_whichever_way_each_is_written
 
     by_id = JobStep.objects.filter(job=done).order_by("id").values_list("name", flat=True)
     assert list(by_id) == ["charge", "record-charge", "receipt", "settle", "crm"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_unexpected_error_gives_up_its_batch_and_the_writer_goes_on(writer, caplog):
+    held = held_job()
+    with caplog.at_level(logging.WARNING, logger="django_pgqueue.steps"):
+        # A start time that is not a number: building the statement's parameters fails.
+        ticket = writer.hand(held.id, "w", 1, "odd", "1", "not a time", 0.0)  # type: ignore[arg-type]
+        assert ticket is not None and writer.wait(ticket, timeout=10)
+    assert "step 'odd'" in caplog.text
+
+    assert writer.wait(hand(writer, held, "next"), timeout=10)
+    assert stored(held) == {"next": 1}
