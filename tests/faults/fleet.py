@@ -102,6 +102,18 @@ SELECT (SELECT count(*) FROM pgqueue_jobs WHERE job_type = %(t)s),
 """
 
 
+def finish_drain(
+    conn: psycopg.Connection[Any], fleet: Fleet, started: float, deadline: float
+) -> tuple[dict[str, int], float]:
+    """Wait until the fleet's drain, begun at ``started`` (``time.monotonic()``), is
+    over, ``deadline`` seconds from then at most; check that every worker lived through
+    it; return its ``execution_figures()`` and the seconds it took."""
+    wait_until_drained(conn, started + deadline, fleet)
+    elapsed = time.monotonic() - started
+    fleet.assert_alive()
+    return execution_figures(conn), elapsed
+
+
 def execution_figures(conn: psycopg.Connection[Any], job_type: str = JOB_TYPE) -> dict[str, int]:
     """Jobs, completed, lost (not completed or never run), executions, duplicates,
     overlaps (a run of a job starting before its previous run ended), attempts."""

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from .fleet import Fleet, enqueue_sql, execution_figures, wait_until_drained
+from .fleet import Fleet, enqueue_sql, finish_drain, wait_until_drained
 
 JOBS = 3000
 WORKERS = 3
@@ -37,10 +37,7 @@ def test_database_restarts_lose_no_job(cluster, figures, modes):
                     time.sleep(0.1)
             cluster.cluster.restart(mode)
         with cluster.connect() as conn:
-            wait_until_drained(conn, started + DEADLINE, fleet)
-            elapsed = time.monotonic() - started
-            fleet.assert_alive()
-            result = execution_figures(conn)
+            result, elapsed = finish_drain(conn, fleet, started, DEADLINE)
     finally:
         output = fleet.stop()
 

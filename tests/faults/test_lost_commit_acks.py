@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from .fleet import Fleet, enqueue_sql, execution_figures, wait_until_drained
+from .fleet import Fleet, enqueue_sql, finish_drain
 
 JOBS = 40
 WORKERS = 2
@@ -47,10 +47,7 @@ def test_a_commit_whose_acknowledgement_was_lost_does_not_run_its_job_again(clus
             conn.execute("ALTER SYSTEM RESET synchronous_standby_names")
         cluster.cluster.restart("immediate")
         with cluster.connect() as conn:
-            wait_until_drained(conn, started + DEADLINE, fleet)
-            elapsed = time.monotonic() - started
-            fleet.assert_alive()
-            result = execution_figures(conn)
+            result, elapsed = finish_drain(conn, fleet, started, DEADLINE)
     finally:
         with cluster.connect() as conn:  # whatever happened above, for the next tests
             conn.execute("ALTER SYSTEM RESET synchronous_standby_names")

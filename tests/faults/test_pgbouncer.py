@@ -18,7 +18,7 @@ from django.db import connections
 from django_pgqueue.sideconn import open_raw_connection
 from tests.workers import ROOT
 
-from .fleet import Fleet, execution_figures, wait_until_drained
+from .fleet import Fleet, finish_drain, wait_until_drained
 
 JOBS = 1500
 WORKERS = 3
@@ -59,10 +59,7 @@ def test_drain_through_pgbouncer_in_transaction_mode_by_polling(cluster, pgbounc
     started = time.monotonic()
     try:
         with cluster.connect() as conn:
-            wait_until_drained(conn, started + DEADLINE, fleet)
-            elapsed = time.monotonic() - started
-            fleet.assert_alive()
-            result = execution_figures(conn)
+            result, elapsed = finish_drain(conn, fleet, started, DEADLINE)
             clients = conn.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = 'faults'"
             ).fetchone()
