@@ -20,7 +20,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: The system name and the figures compared with it (workload, variant).
 NAME = "pgqueue-before"
-COMPARED = (("W1", ""), ("W1", "prepared"), ("W2", ""), ("W3", "1x4"), ("W3", "2x2"))
+COMPARED = (
+    ("W1", ""),
+    ("W1", "prepared"),
+    ("W2", ""),
+    ("W3", "1x4"),
+    ("W3", "2x2"),
+    ("W13", "1x4"),
+    ("W13", "2x2"),
+)
 
 
 def resolve(rev: str) -> str:

@@ -43,6 +43,8 @@ W9_KEYS = 1000
 #: for all keys, the rate before 2026-12-05) they did: a drain then measured the limits
 #: doing their job more than the claim counting them (bench/results/issue17/README.md).
 W11_RATE = 20
+#: W13's table: one row per job, inserted by the job's handler in its transaction.
+W13_TABLE = "pgqueue_bench_rows"
 #: W10's workers: 4 processes, as its target states, with slots to spare.
 W10_LAYOUT = "4x2"
 #: How long a worker may take to become ready, and a drain to finish, before the run
@@ -351,7 +353,16 @@ def harness_parser(description: str, extra: Sequence[str] = ()) -> argparse.Argu
     p.add_argument("--layout", default="1x4", help="PROCESSESxSLOTS")
     p.add_argument(
         "--kind",
-        choices=["noop", "cpu_flaky", "keyed", "rated_keys", "chord", "io_wait", "noop_isolated"],
+        choices=[
+            "noop",
+            "cpu_flaky",
+            "keyed",
+            "rated_keys",
+            "chord",
+            "io_wait",
+            "noop_isolated",
+            "writes_row",
+        ],
         default="noop",
     )
     p.add_argument(

@@ -401,8 +401,8 @@ def markdown(results: Results) -> str:
         "",
         "| System | Slots | W3 drain (jobs/s) | W5 after finished rows (jobs/s) | W5 slowdown "
         "| W6 mixed (jobs/s) | W9 one per key (jobs/s) | W9 / W3 | W11 per-key rates (jobs/s) "
-        "| W11 / W3 |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| W11 / W3 | W13 writing a row (jobs/s) | W13 / W3 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for system in results.systems:
         if system.status != "ok" or system.name == "reference":
@@ -421,6 +421,8 @@ def markdown(results: Results) -> str:
                 _ratio_cell(results, system.name, ("W9", "W3"), variant),
                 _cell(results, system.name, "W11", variant, "jobs/s"),
                 _ratio_cell(results, system.name, ("W11", "W3"), variant),
+                _cell(results, system.name, "W13", variant, "jobs/s"),
+                _ratio_cell(results, system.name, ("W13", "W3"), variant),
             ]
             out.append(f"| {_system_label(results, system.name)} | " + " | ".join(cells) + " |")
     out += [

@@ -86,7 +86,7 @@ class Sizes:
     #: number in every run (flagged in the report). None: always the nominal size.
     budget: float | None
     #: Drains run in every layout of a system; the others in its first layout only.
-    every_layout: tuple[str, ...] = ("W3", "W5", "W6", "W8", "W9", "W11")
+    every_layout: tuple[str, ...] = ("W3", "W5", "W6", "W8", "W9", "W11", "W13")
     #: W9: jobs over ``W9_KEYS`` keys, each key limited to one job at a time.
     w9: int = 20_000
     #: W11: jobs over ``W9_KEYS`` keys, each key under a rate of ``W11_RATE`` a second.
@@ -102,6 +102,8 @@ class Sizes:
     w7: int = 10_000
     #: W12: no-op jobs through process slots (``isolation="process"``), 1 x 4.
     w12: int = 5_000
+    #: W13: jobs whose handler inserts a row in its transaction, in each layout of W3.
+    w13: int = 20_000
 
     def describe(self) -> str:
         return (
@@ -111,7 +113,8 @@ class Sizes:
             f"{self.w11:,} over {W9_KEYS:,} keys at {W11_RATE}/s each, W8 a chord of "
             f"{self.w8 - 1:,} jobs and a callback, and a chain of {self.w8_chain:,} steps, "
             f"W7 {self.w7:,} jobs awaiting {IO_WAIT_SECONDS * 1000:g} ms each, W12 "
-            f"{self.w12:,} no-op jobs in child processes"
+            f"{self.w12:,} no-op jobs in child processes, W13 {self.w13:,} jobs writing a "
+            "row each"
         )
 
 
@@ -132,6 +135,7 @@ QUICK = Sizes(
     w8_chain=200,
     w7=5_000,
     w12=2_000,
+    w13=5_000,
 )
 SMOKE = Sizes(
     100,
@@ -151,6 +155,7 @@ SMOKE = Sizes(
     w8_chain=20,
     w7=200,
     w12=100,
+    w13=200,
 )
 
 
@@ -162,6 +167,8 @@ NO_RATE_LIMITS = "n/a: no cluster-wide rate limit"
 NO_WORKFLOWS = "n/a: no workflows (chords, chains)"
 #: Why a peer has no W12 figure.
 NO_PROCESS_ISOLATION = "n/a: no per-job-type process isolation"
+#: Why a peer has no W13 figure.
+OURS_ONLY = "n/a: django-pgqueue's completion in the handler's transaction, against its baseline"
 #: Why a Redis-based peer has no W5 figure.
 NO_FINISHED_ROWS = "n/a: Redis keeps no finished jobs for a drain to pass over"
 #: What Celery lacks of the workloads, whatever its Redis.
@@ -171,6 +178,7 @@ CELERY_UNSUPPORTED = {
     "W10": "n/a: its rate_limit is per worker process, not cluster-wide",
     "W11": NO_RATE_LIMITS,
     "W12": "n/a: its prefork pool is its W3 figure in `prefork-4`",
+    "W13": OURS_ONLY,
 }
 CELERY_LAYOUTS = {
     "prefork-4": "1 worker, prefork pool, `--concurrency 4`",
@@ -251,6 +259,7 @@ SYSTEMS = [
             "W8": NO_WORKFLOWS,
             "W9": "n/a: not measured yet (its `lock` runs one job per key)",
             "W12": NO_PROCESS_ISOLATION,
+            "W13": OURS_ONLY,
             "W10": NO_RATE_LIMITS,
             "W11": NO_RATE_LIMITS,
         },
@@ -273,6 +282,7 @@ SYSTEMS = [
             "W10": "n/a: not measured yet (its entrypoints take `requests_per_second`)",
             "W11": "n/a: no per-key rate limit",
             "W12": NO_PROCESS_ISOLATION,
+            "W13": OURS_ONLY,
         },
         notes=(
             "asyncpg driver; finished jobs leave its queue table for `pgqueuer_log`, so W5's "
@@ -294,6 +304,7 @@ SYSTEMS = [
             "W10": NO_RATE_LIMITS,
             "W11": NO_RATE_LIMITS,
             "W12": NO_PROCESS_ISOLATION,
+            "W13": OURS_ONLY,
         },
         notes=(
             "Django 5.2 with the django-tasks backport; no bulk enqueue API (W2 is a loop, one "
@@ -332,7 +343,21 @@ SYSTEMS = [
     ),
 ]
 PEER_EXTRA_LAYOUT = {"2x2": "2 processes x concurrency 2"}
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W10", "W11", "W12")
+WORKLOADS = (
+    "W1",
+    "W2",
+    "W3",
+    "W4",
+    "W5",
+    "W6",
+    "W7",
+    "W8",
+    "W9",
+    "W10",
+    "W11",
+    "W12",
+    "W13",
+)
 ALL_NAMES = [spec.name for spec in SYSTEMS] + ["pgbench"]
 #: Run when --systems is not given. Celery is run when named: with its untimed enqueues
 #: at 1,300-3,000 tasks a second it would double a full run's 20 minutes.
@@ -1166,6 +1191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 bench.drain("W7", sizes.w7, kind="io_wait")
             if "W12" in bench.workloads:
                 bench.drain("W12", sizes.w12, kind="noop_isolated")
+            if "W13" in bench.workloads:
+                bench.drain("W13", sizes.w13, kind="writes_row")
             if "W8" in bench.workloads:
                 bench.drain("W8", sizes.w8, kind="chord")
                 bench.chain_latency()

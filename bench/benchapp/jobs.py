@@ -20,6 +20,16 @@ def noop(job: Any) -> None:
         common.probe(job.data["i"])
 
 
+@job("bench.writes_row")
+def writes_row(job: Any) -> None:
+    """Insert one row in the handler's transaction (``atomic=True``, the default): the
+    work a job of a Django app does, committed with the job's completion (W13)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"INSERT INTO {common.W13_TABLE} (job_id) VALUES (%s)", [job.id])
+
+
 @job("bench.cpu_flaky", max_attempts=3, retry_backoff=NO_BACKOFF)
 def cpu_flaky(job: Any) -> None:
     """Burn 1 ms of CPU; every tenth job (by ``data["i"]``) fails its first attempt."""

@@ -64,6 +64,12 @@ def _truncate() -> None:
     _execute(f"TRUNCATE {', '.join(name for (name,) in found)} CASCADE")
 
 
+def _create_rows_table() -> None:
+    """W13's table, empty: one row per job, written by its handler."""
+    _execute(f"CREATE TABLE IF NOT EXISTS {common.W13_TABLE} (job_id uuid NOT NULL)")
+    _execute(f"TRUNCATE {common.W13_TABLE}")
+
+
 def enqueue_in_chunks(job_type: str, jobs: int, chunk: int, *, keys: int = 0) -> None:
     """``jobs`` jobs with data ``{"i": i}``, and ``"key": i % keys`` when ``keys``."""
     from django_pgqueue import enqueue_many
@@ -231,6 +237,8 @@ def drain(args: Any) -> dict[str, Any]:
     if args.kind == "io_wait":
         os.environ["BENCH_ASYNC_JOBS"] = "1"  # the workers run async slots (worker())
         import bench.benchapp.async_jobs
+    if args.kind == "writes_row":
+        _create_rows_table()
     if args.kind == "noop_isolated":
         os.environ["BENCH_PROCESS_JOBS"] = "1"  # the workers run process slots
         import bench.benchapp.process_jobs  # noqa: F401  (registers bench.noop_isolated)
@@ -241,6 +249,7 @@ def drain(args: Any) -> dict[str, Any]:
         "rated_keys": "bench.rated_keys",
         "io_wait": "bench.io_wait",
         "noop_isolated": "bench.noop_isolated",
+        "writes_row": "bench.writes_row",
     }
     keys = common.W9_KEYS if args.kind in ("keyed", "rated_keys") else 0
     enqueue_seconds = 0.0
@@ -264,6 +273,10 @@ def drain(args: Any) -> dict[str, Any]:
     done = _completed() - before
     if done != args.jobs:
         raise RuntimeError(f"{done} of {args.jobs} jobs completed")
+    if args.kind == "writes_row":
+        rows = _execute(f"SELECT count(*) FROM {common.W13_TABLE}")[0][0]
+        if rows != args.jobs:
+            raise RuntimeError(f"{rows} rows written by {args.jobs} jobs")
     last = _execute(f"SELECT extract(epoch FROM max(completed_at)) FROM {TABLE}")[0][0]
     # W8 is timed from the enqueue: the workflow's writing is part of its cost.
     result = common.drain_rate(args.jobs, start - enqueue_seconds, float(last), end)
