@@ -433,7 +433,9 @@ def record_in_transaction(running: RunningJob, alias: str, value: Any) -> Outcom
         cursor = psycopg.Cursor(raw)
         statement = finishing.finish_statement([outcome], job.worker_id, in_transaction=True)
         cursor.execute(*statement, prepare=False)
-    if cursor.rowcount != 1:
+        row = cursor.fetchone()
+    # The job's id, or whether the attempt held it (finishing.finish_statement()).
+    if not (row and row[0]):
         raise JobLost(
             f"job {job.id} is no longer held by worker {job.worker_id} (it was recovered "
             "meanwhile): the handler's transaction was rolled back"

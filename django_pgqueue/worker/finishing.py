@@ -23,14 +23,16 @@ def finish_statement(
     outcomes: list[Outcome], worker_id: str, *, in_transaction: bool = False
 ) -> tuple[str, list[Any]]:
     """The statement recording ``outcomes``, and its parameters: ``FINISH_COMPLETED``
-    when every job completed with no result and no note, else ``FINISH``; their
-    ``_IN_TRANSACTION`` forms, which take the statement's moment rather than the
-    transaction's, for a completion written in its handler's transaction."""
+    when every job completed with no result and no note, else ``FINISH``. In a handler's
+    transaction (one outcome), those that take the statement's moment rather than the
+    transaction's: ``COMPLETE_IN_TRANSACTION`` (which returns whether the attempt held
+    the job) and ``FINISH_IN_TRANSACTION`` (which returns its id if so)."""
     if all(o.status == _COMPLETED and o.result is None and o.error is None for o in outcomes):
-        statement = (
-            queries.FINISH_COMPLETED_IN_TRANSACTION if in_transaction else queries.FINISH_COMPLETED
-        )
-        return statement, finish_completed_params(outcomes, worker_id)
+        if in_transaction:
+            (outcome,) = outcomes
+            ago = math.nan if outcome.started is None else time.monotonic() - outcome.started
+            return queries.COMPLETE_IN_TRANSACTION, [outcome.job_id, worker_id, ago]
+        return queries.FINISH_COMPLETED, finish_completed_params(outcomes, worker_id)
     statement = queries.FINISH_IN_TRANSACTION if in_transaction else queries.FINISH
     return statement, finish_params(outcomes, worker_id)
 

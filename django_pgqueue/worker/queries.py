@@ -142,7 +142,12 @@ RETURNING jobs.id
 
 
 FINISH_COMPLETED = _finish_completed("now()")
-FINISH_COMPLETED_IN_TRANSACTION = _finish_completed("statement_timestamp()")
+
+# FINISH_COMPLETED for one job, in its handler's transaction: a function whose plan the
+# session keeps (sql/complete_in_transaction_v1.sql); true when the attempt still held
+# the job. Parameters: the job's id, the worker's, the seconds since the handler started
+# (NaN: keep the claim's started_at).
+COMPLETE_IN_TRANSACTION = "SELECT pgqueue_complete_in_transaction(%s, %s, %s)"
 
 # Only the jobs the worker knows it holds: a claim whose answer was lost with the
 # connection must go stale and be recovered, not be kept alive forever.
