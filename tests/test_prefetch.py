@@ -119,3 +119,36 @@ def test_started_at_is_when_the_handler_started():
 def test_prefetch_out_of_range_is_rejected(prefetch):
     with pytest.raises(InvalidWorkerOptionError, match="prefetch"):
         Worker(prefetch=prefetch)
+
+
+def test_the_buffer_is_topped_up_by_batches_not_job_by_job():
+    """Jobs whose completion is written in their handlers' transactions leave the main
+    loop nothing to write: it claims once the buffer is half empty, not after each
+    finished job (every claim is a transaction, with a commit)."""
+    enqueue_many([{"job_type": "tests.record"} for _ in range(120)])
+    worker = Worker(concurrency=4, prefetch=40, burst=True, worker_id="refill")
+
+    worker.run()
+
+    assert Job.objects.filter(status=JobStatus.COMPLETED).count() == 120
+    # About a claim a job before (each finished one woke the loop to fill its place).
+    assert worker.round_trips <= 40, worker.round_trips
+
+
+@pytest.mark.parametrize(
+    ("running", "outcomes", "claimed"),
+    [
+        (11, 0, 0),  # one running, the buffer full
+        (7, 0, 0),  # six buffered: more than half of ten
+        (6, 0, 5),  # five: half empty, topped up
+        (7, 1, 4),  # an outcome to write anyway: the claim rides along
+        (0, 0, 11),  # a free slot: at once, whatever the buffer
+    ],
+)
+def test_a_busy_worker_claims_once_its_buffer_is_half_empty(running, outcomes, claimed):
+    worker = Worker(concurrency=1, prefetch=10, worker_id="refill", listen=False)
+    worker._average_duration = 0.002  # a buffer of ten: 20 ms of such jobs
+    worker._running = {number: object() for number in range(running)}
+    worker._outcomes = [object()] * outcomes
+
+    assert worker._claim_size() == claimed

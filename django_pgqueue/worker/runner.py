@@ -621,6 +621,19 @@ class Worker:
             seconds if average is None else average + DURATION_SMOOTHING * (seconds - average)
         )
 
+    def _claim_size(self) -> int:
+        """How many jobs to claim now: the room there is, up to ``batch_size``; none while
+        every slot is busy and the prefetch buffer is still at least half full. A claim
+        is a transaction of its own once outcomes are written elsewhere (in handlers'
+        transactions): topping the buffer up at each finished job would claim one or two
+        jobs at a time, at the cost of a commit each."""
+        room = max(min(self._room(), self.batch_size), 0)
+        if room and not self._outcomes and self._free_slots() == 0:
+            depth = self._prefetch_depth()
+            if room < max(depth // 2, 1):
+                return 0
+        return room
+
     def _cycle(self, slots: SlotPool | None) -> tuple[list[Job], int]:
         """Record pending outcomes, claim into free slots (and the prefetch buffer) and
         hand what was claimed to the slots.
@@ -628,9 +641,7 @@ class Worker:
         The statements go to the server as one pipeline: one network round trip
         and one transaction, so a failure leaves nothing half done.
         """
-        room = self._room()
-        asked = 0 if slots is None or self._stopping.is_set() else min(room, self.batch_size)
-        asked = max(asked, 0)
+        asked = 0 if slots is None or self._stopping.is_set() else self._claim_size()
         outcomes = self._outcomes
         if not outcomes and not asked:
             return [], 0
