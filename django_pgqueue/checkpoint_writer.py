@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 import psycopg
 
+from .response_watch import guard
 from .sideconn import open_raw_connection
 
 logger = logging.getLogger("django_pgqueue.steps")
@@ -58,8 +59,11 @@ class Handed(NamedTuple):
 class CheckpointWriter:
     """Writes handed checkpoints in the background for the slots of one worker."""
 
-    def __init__(self, alias: str) -> None:
+    def __init__(self, alias: str, response_timeout: float = 0.0) -> None:
         self.alias = alias
+        #: ``PGQUEUE["RESPONSE_TIMEOUT"]`` of its worker: the longest a write may wait
+        #: for the database's answer before its connection is cut (0: forever).
+        self.response_timeout = response_timeout
         self._pid = os.getpid()
         self._cond = threading.Condition()
         self._queue: list[Handed] = []
@@ -155,7 +159,8 @@ class CheckpointWriter:
             try:
                 if conn is None or conn.closed:
                     conn = open_raw_connection(self.alias, connect_timeout=CONNECT_TIMEOUT)
-                conn.execute(_WRITE, params, prepare=False)
+                with guard(conn, self.response_timeout, "step checkpoints"):
+                    conn.execute(_WRITE, params, prepare=False)
                 return conn
             except psycopg.OperationalError as exc:
                 # Written and lost on the way back, or not written: a second write of

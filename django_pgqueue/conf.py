@@ -47,6 +47,9 @@ class PgQueueSettings:
     STALE_AFTER: float = 60.0
     RECOVER_INTERVAL: float = 30.0
     SHUTDOWN_GRACE: float = 30.0
+    #: Longest a worker waits for the database's answer to one of its own statements
+    #: before it deems the connection half-open, closes it and reconnects (0: forever).
+    RESPONSE_TIMEOUT: float = 30.0
     #: Most claimed jobs a worker holds beyond its running ones, for fast jobs (0: none).
     PREFETCH: int = 100
     #: Most async handlers a worker runs at once on its event loop (0: none).
@@ -102,6 +105,7 @@ _DURATIONS = {
     "STALE_AFTER",
     "RECOVER_INTERVAL",
     "SHUTDOWN_GRACE",
+    "RESPONSE_TIMEOUT",
     "RETRY_BACKOFF_BASE",
     "RETRY_BACKOFF_MAX",
 }

@@ -4,6 +4,7 @@ side connections for writes that must be visible before the caller's transaction
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any
 
@@ -13,14 +14,21 @@ from django.db import DatabaseError, OperationalError, connections
 _local = threading.local()
 
 
-def open_raw_connection(alias: str, **overrides: Any) -> psycopg.Connection[Any]:
+def open_raw_connection(
+    alias: str, *, default_connect_timeout: float | None = None, **overrides: Any
+) -> psycopg.Connection[Any]:
     """A new autocommit psycopg connection with the settings of database ``alias``,
     and ``overrides`` of its connection parameters (``connect_timeout=2``, say).
+    ``default_connect_timeout``: seconds to wait for the connection when the settings
+    name no ``connect_timeout`` (libpq's default is to wait as long as the network
+    does).
 
     Opened directly, never taken from Django's connection pool (``OPTIONS["pool"]``):
     these connections live outside the pool's accounting.
     """
     params = {**connections[alias].get_connection_params(), **overrides}
+    if default_connect_timeout and "connect_timeout" not in params:
+        params["connect_timeout"] = max(math.ceil(default_connect_timeout), 2)
     conn = psycopg.Connection.connect(**params)
     conn.autocommit = True
     return conn

@@ -31,6 +31,7 @@ from ..exceptions import (
     UnknownJobTypeError,
 )
 from ..logfields import job_fields
+from ..response_watch import guard
 from ..schema import MAX_DELAY_SECONDS, JobStatus
 from . import finishing
 
@@ -429,7 +430,8 @@ def record_in_transaction(running: RunningJob, alias: str, value: Any) -> Outcom
         job.id, COMPLETED, result=result, error=note, started=running.recorded_start()
     )
     assert job.worker_id is not None  # a claimed job's
-    with connection.wrap_database_errors:
+    timeout = conf.get_settings().RESPONSE_TIMEOUT
+    with connection.wrap_database_errors, guard(raw, timeout, "a handler's completion"):
         cursor = psycopg.Cursor(raw)
         statement = finishing.finish_statement([outcome], job.worker_id, in_transaction=True)
         cursor.execute(*statement, prepare=False)

@@ -20,6 +20,7 @@ from ..periodic import database_now, enqueue_due_ticks, schedules
 from ..pruning import prune_by_settings, prune_events_by_settings
 from ..rate_limits import prune_rate_starts
 from ..recovery import recover_stale_jobs, release_held_jobs
+from ..response_watch import statement_guard
 from ..rollups import write_rollups
 from . import queries
 from .execution import RunningJob
@@ -41,6 +42,7 @@ class Heartbeat(threading.Thread):
         stopping: threading.Event,
         run_schedules: bool = True,
         on_rate_limited: Callable[[bool], None] | None = None,
+        response_timeout: float = 0.0,
     ) -> None:
         super().__init__(name="pgqueue-heartbeat", daemon=True)
         self._alias = alias
@@ -54,6 +56,7 @@ class Heartbeat(threading.Thread):
         self._run_schedules = run_schedules
         self._on_rate_limited = on_rate_limited
         self._horizon = HorizonWatch()
+        self._response_timeout = response_timeout
 
     def run(self) -> None:
         started = time.monotonic()
@@ -61,13 +64,19 @@ class Heartbeat(threading.Thread):
         next_recovery = started + self._recover_interval
         # At once on start: a worker starting after downtime enqueues missed ticks now.
         next_schedule = started if self._run_schedules else math.inf
+        # Every statement of this thread's connection is bounded: a heartbeat stuck on a
+        # half-open connection would let this worker's jobs be recovered while it runs.
+        unanswered = statement_guard(self._response_timeout, "the heartbeat's statements")
         try:
-            while not self._stopping.wait(max(min(next_beat, next_schedule) - time.monotonic(), 0)):
-                if time.monotonic() >= next_beat:
-                    next_recovery = self._maintain(next_recovery)
-                    next_beat = time.monotonic() + self._interval
-                if time.monotonic() >= next_schedule:
-                    next_schedule = self._enqueue_periodic_jobs()
+            with connections[self._alias].execute_wrapper(unanswered):
+                while not self._stopping.wait(
+                    max(min(next_beat, next_schedule) - time.monotonic(), 0)
+                ):
+                    if time.monotonic() >= next_beat:
+                        next_recovery = self._maintain(next_recovery)
+                        next_beat = time.monotonic() + self._interval
+                    if time.monotonic() >= next_schedule:
+                        next_schedule = self._enqueue_periodic_jobs()
         finally:
             connections.close_all()
 

@@ -19,6 +19,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from types import FrameType
 from typing import Any
 
@@ -30,6 +31,7 @@ from ..exceptions import InvalidArgumentError, InvalidWorkerOptionError
 from ..inserts import NOTIFY_COALESCE_SECONDS
 from ..logfields import fields, job_fields
 from ..models import Job
+from ..response_watch import guarded_connection
 from ..sideconn import open_raw_connection
 from ..steps import prepare_claimed
 from . import queries
@@ -238,7 +240,7 @@ class Worker:
         self.round_trips = 0
         self._conn: psycopg.Connection[Any] | None = None
         #: Writes the checkpoints of its handlers' plain steps, in the background.
-        self._checkpoints = CheckpointWriter(self.using)
+        self._checkpoints = CheckpointWriter(self.using, self.response_timeout)
         self._listener: NotificationListener | None = None
         self._last_claim_at = 0.0
         #: The rate limits it claims under: whether any exists, when a full window has
@@ -346,6 +348,7 @@ class Worker:
             settings.SHUTDOWN_GRACE if shutdown_grace is None else shutdown_grace,
             "shutdown_grace",
         )
+        self.response_timeout = settings.RESPONSE_TIMEOUT
 
     # -- public control -------------------------------------------------------------
 
@@ -419,7 +422,9 @@ class Worker:
     def _db(self) -> psycopg.Connection[Any]:
         """The main loop's own autocommit connection, reopened after a failure."""
         if self._conn is None or self._conn.closed:
-            self._conn = conn = open_raw_connection(self.using)
+            self._conn = conn = open_raw_connection(
+                self.using, default_connect_timeout=self.response_timeout
+            )
             adapt_worker_connection(conn)
             if conn.info.parameter_status("TimeZone") != "UTC":
                 # As Django does for its own connections. psycopg then returns claimed
@@ -427,6 +432,11 @@ class Worker:
                 # instead of zoneinfo's UTC: four times faster to build.
                 conn.execute("SET TIME ZONE 'UTC'")
         return self._conn
+
+    def _guarded(self, what: str) -> AbstractContextManager[psycopg.Connection[Any]]:
+        """The main loop's connection, cut if the database leaves a statement of the
+        block unanswered past ``PGQUEUE["RESPONSE_TIMEOUT"]`` (response_watch.py)."""
+        return guarded_connection(self._db(), self.response_timeout, what)
 
     def _drop_connection(self) -> None:
         if self._conn is not None:
@@ -446,7 +456,8 @@ class Worker:
         failures = 0
         while True:
             try:
-                self._db().execute(queries.REGISTER_WORKER, params)
+                with self._guarded("the worker's registration") as conn:
+                    conn.execute(queries.REGISTER_WORKER, params)
                 return
             except psycopg.Error as exc:
                 failures += 1
@@ -503,7 +514,8 @@ class Worker:
 
     def _mark_stopped(self) -> None:
         try:
-            self._db().execute(queries.WORKER_STOPPED, [self.worker_id])
+            with self._guarded("the worker's stop") as conn:
+                conn.execute(queries.WORKER_STOPPED, [self.worker_id])
         except psycopg.Error as exc:
             logger.warning("could not record the worker's stop (%s)", exc)
 
@@ -593,10 +605,10 @@ class Worker:
         burst run waits for them (it ends when no due job is left)."""
         if self.pacing.wake_at() is None:
             return False
-        row = self._db().execute(
-            queries.RATE_LIMITED_DUE, {"job_types": self.job_types, "queues": self.queues}
-        )
-        found = row.fetchone()
+        with self._guarded("the worker's rate limit check") as conn:
+            found = conn.execute(
+                queries.RATE_LIMITED_DUE, {"job_types": self.job_types, "queues": self.queues}
+            ).fetchone()
         return bool(found and found[0])
 
     def _free_slots(self) -> int:
@@ -655,9 +667,8 @@ class Worker:
             average=self._average_duration,
         )
         job_types, skip_job_types = self._claim_filter()
-        conn = self._db()
         finish = claim = rate_wait = None
-        with conn.pipeline():
+        with self._guarded("the worker's claim and outcomes") as conn, conn.pipeline():
             # Plain server-binding cursors (Django's settings may make the connection's
             # default a ClientCursor, which quotes parameters into the SQL in Python and
             # cannot return binary), never prepared: a transaction pooler such as
@@ -892,6 +903,7 @@ class Worker:
                 unflushed_job_ids=lambda: [outcome.job_id for outcome in self._outcomes],
                 stopping=self._threads_stopping,
                 on_rate_limited=lambda limited: setattr(self.pacing, "limited", limited),
+                response_timeout=self.response_timeout,
             )
         ]
         if self.listen:
@@ -902,6 +914,8 @@ class Worker:
                 queues=self.queues,
                 wake=self._wake,
                 stopping=self._threads_stopping,
+                probe_interval=settings.HEARTBEAT_INTERVAL,
+                response_timeout=self.response_timeout,
             )
             threads.append(self._listener)
         for thread in threads:

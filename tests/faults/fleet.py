@@ -26,10 +26,12 @@ class Fleet:
     generation: int = 0
     killed_ids: list[str] = field(default_factory=list)
     retired: list[WorkerProcess] = field(default_factory=list)
+    #: The workers' ids start with it: fleets side by side need different ones.
+    prefix: str = "w"
 
     def _spawn(self, slot: int) -> None:
         self.generation += 1
-        worker_id = f"w{slot}-{self.generation}"
+        worker_id = f"{self.prefix}{slot}-{self.generation}"
         process = WorkerProcess(*self.args, "--worker-id", worker_id, env=self.env)
         process.worker_id = worker_id  # type: ignore[attr-defined]
         self.processes[slot] = process
