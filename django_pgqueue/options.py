@@ -170,6 +170,17 @@ class JobOptions(JobDefaults, total=False):
     manages transactions itself. An ``async def`` handler always runs outside a
     transaction (its default is ``False``, and ``True`` is refused): see
     [Run async handlers](../how-to/async-handlers.md#transactions)."""
+    effectively_once: bool
+    """For an ``atomic`` handler: when ``True`` (the default) the worker writes the job's
+    completion in the handler's transaction, once the handler has returned and if it
+    used the database, so that its writes and the completion commit together, once
+    ([effectively once](../explanation/guarantees.md#delivery-semantics)). ``False``:
+    the completion goes with the worker's next batch of outcomes, one statement for many
+    jobs, and a worker that dies between the handler's commit and that batch has the job
+    run again (at least once). For tiny handlers that write, where that statement is a
+    tenth or more of the work: see
+    [Performance](../explanation/performance.md#completion-in-transaction). ``True`` is
+    refused without ``atomic``."""
     unique_key: UniqueKey | None
     """The default ``unique_key`` of ``enqueue()`` for this type: a string (at most one
     active job of the type, when every enqueue uses it), or a callable that receives the

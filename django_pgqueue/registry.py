@@ -55,6 +55,8 @@ class JobDefinition:
         retry_backoff: As given to ``@job``, or ``None``.
         atomic: Whether the worker runs the handler in a transaction (``False`` for an
             async handler).
+        effectively_once: Whether the worker writes the job's completion in the
+            handler's transaction (``atomic`` handlers only; ``False`` otherwise).
         is_async: Whether the handler is an ``async def`` function, which workers run on
             their event loop.
         isolation: ``"thread"`` or ``"process"``, as given to ``@job``.
@@ -86,6 +88,7 @@ class JobDefinition:
         rate_limit: Rate | None = None,
         rate_key: ConcurrencyKey | None = None,
         isolation: str = "thread",
+        effectively_once: bool | None = None,
     ) -> None:
         self.func = func
         self.job_type = job_type
@@ -95,6 +98,7 @@ class JobDefinition:
         self.timeout = timeout
         self.retry_backoff = retry_backoff
         self.atomic = atomic
+        self.effectively_once = atomic if effectively_once is None else effectively_once
         #: Whether the handler is an ``async def`` function, run on the worker's event loop.
         self.is_async = is_async_handler(func)
         #: ``"thread"`` or ``"process"``: where a worker runs the handler.
@@ -372,6 +376,7 @@ def job(
             ``queue``, ``priority``, ``max_attempts`` (defaults of the type's enqueues),
             ``timeout``, ``retry_backoff``, ``atomic`` (default ``True``; an
             ``async def`` handler runs outside a transaction and refuses ``True``),
+            ``effectively_once`` (default ``True`` for an atomic handler),
             ``isolation`` (``"thread"``, the default, or ``"process"``),
             ``unique_key``, ``unique_for``, ``schedule``, ``concurrency``,
             ``concurrency_key``, ``rate_limit``, ``rate_key``. An undeclared keyword raises
@@ -395,7 +400,9 @@ def job(
             the decorated object is not callable or a worker could not run it (a
             generator function, or one that does not take the job as its one
             positional argument), when ``atomic=True`` or ``isolation="process"`` is
-            given to an ``async def`` handler, when ``isolation`` is neither
+            given to an ``async def`` handler, when ``effectively_once`` is not a
+            boolean or is ``True`` for a handler that is not atomic, when ``isolation`` is
+            neither
             ``"thread"`` nor ``"process"``, or when
             the job type is already registered to a different function
             (registering the same function again, as a module reload does, is allowed),
@@ -417,6 +424,16 @@ def job(
     rate_limit = options.get("rate_limit")
     rate_key = options.get("rate_key")
     isolation = options.get("isolation", "thread")
+    effectively_once = options.get("effectively_once")
+    if effectively_once is not None and not isinstance(effectively_once, bool):
+        raise JobRegistrationError(
+            f"effectively_once must be True or False, got {effectively_once!r}"
+        )
+    if effectively_once and atomic is False:
+        raise JobRegistrationError(
+            "effectively_once=True needs atomic=True: the job's completion is written in "
+            "the handler's transaction, and a handler with atomic=False has none"
+        )
     if isolation not in ISOLATIONS:
         raise JobRegistrationError(
             f"isolation must be one of {', '.join(map(repr, ISOLATIONS))}, got {isolation!r}"
@@ -477,6 +494,11 @@ def job(
                 "handler runs on the worker's event loop. Make it a def handler, or drop "
                 "isolation"
             )
+        if effectively_once and is_async_handler(func):
+            raise JobRegistrationError(
+                f"job type {name!r}: effectively_once=True needs a transaction, which an "
+                "async handler does not run in. Drop effectively_once"
+            )
         if atomic and is_async_handler(func):
             raise JobRegistrationError(
                 f"job type {name!r}: atomic=True cannot apply to an async handler, "
@@ -503,6 +525,7 @@ def job(
                 rate_limit=rate,
                 rate_key=rate_key,
                 isolation=isolation,
+                effectively_once=effectively_once,
             )
         )
 

@@ -43,6 +43,20 @@ def test_a_handler_whose_job_was_recovered_meanwhile_commits_nothing(caplog):
     assert f"job {held.id} is no longer held by worker" in caplog.text
 
 
+def test_without_effectively_once_the_writes_commit_and_the_completion_is_refused(caplog):
+    held = enqueue("tests.loses_its_job_batched", {"database_url": database_url_for_tests()})
+
+    with caplog.at_level(logging.WARNING, logger="django_pgqueue.worker"):
+        _run_once()
+
+    held.refresh_from_db()
+    assert (held.status, held.worker_id) == (JobStatus.RUNNING, "other")
+    # Committed with the handler's transaction; its outcome, sent with the worker's
+    # batch, found the job gone: the run is done, the job will run again (at least once).
+    assert Execution.objects.filter(job_id=held.id).count() == 1
+    assert f"job {held.id} was no longer held by" in caplog.text
+
+
 def _run_once() -> None:
     from django_pgqueue.worker import Worker
 

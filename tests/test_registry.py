@@ -284,6 +284,29 @@ def test_a_sync_handler_is_not_async_and_atomic_by_default():
     assert definition.atomic is True
 
 
+def test_effectively_once_follows_atomic_by_default():
+    assert job("tests.registry.once")(send_welcome).effectively_once is True
+    assert job("tests.registry.not_atomic", atomic=False)(send_welcome).effectively_once is False
+    assert job("tests.registry.async_once")(async_handler).effectively_once is False
+    batched = job("tests.registry.batched", effectively_once=False)(send_welcome)
+    assert (batched.atomic, batched.effectively_once) == (True, False)
+
+
+@pytest.mark.parametrize(
+    ("options", "handler", "message"),
+    [
+        ({"effectively_once": "yes"}, send_welcome, "effectively_once must be True or False"),
+        ({"effectively_once": True, "atomic": False}, send_welcome, "needs atomic=True"),
+        ({"effectively_once": True}, async_handler, "an async handler does not run in"),
+    ],
+)
+def test_effectively_once_where_it_cannot_hold_is_refused(options, handler, message):
+    with pytest.raises(JobRegistrationError, match=message):
+        job("tests.registry.refused", **options)(handler)
+
+    assert registry.find_definition("tests.registry.refused") is None
+
+
 def test_atomic_true_on_an_async_handler_is_refused_saying_what_to_do():
     with pytest.raises(JobRegistrationError) as excinfo:
         job("tests.registry.async_atomic", atomic=True)(async_handler)

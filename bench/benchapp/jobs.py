@@ -7,6 +7,7 @@ from typing import Any
 
 from bench import common
 from django_pgqueue import Backoff, job
+from django_pgqueue.options import JOB_KEYS
 
 # The peers retry at once too: W6 measures the queue, not a backoff policy. Floats, as an
 # int delay among float ones fails the worker's batched FINISH (psycopg: mixed list types).
@@ -20,7 +21,16 @@ def noop(job: Any) -> None:
         common.probe(job.data["i"])
 
 
-@job("bench.writes_row")
+#: W13 with ``BENCH_W13_BATCHED=1``: the completion goes with the worker's batch
+#: (``effectively_once=False``), where the package has the option (not a baseline's).
+_W13_OPTIONS = (
+    {"effectively_once": False}
+    if os.environ.get("BENCH_W13_BATCHED") and "effectively_once" in JOB_KEYS
+    else {}
+)
+
+
+@job("bench.writes_row", **_W13_OPTIONS)
 def writes_row(job: Any) -> None:
     """Insert one row in the handler's transaction (``atomic=True``, the default): the
     work a job of a Django app does, committed with the job's completion (W13)."""

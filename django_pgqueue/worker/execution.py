@@ -384,7 +384,7 @@ def _execute(running: RunningJob, alias: str, in_worker: bool) -> Outcome:
                     # Refused inside the transaction: what the handler wrote before
                     # returning the awaitable is rolled back with the failed attempt.
                     value = refuse_awaitable(definition(job), job)
-                    if in_worker:
+                    if in_worker and definition.effectively_once:
                         recorded = record_in_transaction(running, alias, value)
             else:
                 value = refuse_awaitable(definition(job), job)

@@ -34,6 +34,12 @@ def durable(job):
     _record_execution(job)
 
 
+@job("tests.loses_its_job_batched", max_attempts=3, effectively_once=False)
+def loses_its_job_batched(job):
+    """``tests.loses_its_job``, its completion left to the worker's next batch."""
+    loses_its_job(job)
+
+
 @job("tests.dies_after_commit", max_attempts=3)
 def dies_after_commit(job):
     """Record the execution, then end the worker's process the moment the handler's
