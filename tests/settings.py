@@ -43,6 +43,18 @@ if "PGQUEUE_TEST_SLOW_EXIT" in env:
     import time
 
     atexit.register(time.sleep, env.float("PGQUEUE_TEST_SLOW_EXIT"))
+# Worker processes of tests/faults/test_failover.py: a primary and its standby
+# ("host:port,host:port"), the one that takes writes found by libpq.
+if "PGQUEUE_TEST_HOSTS" in env:
+    pairs = [item.rsplit(":", 1) for item in env.list("PGQUEUE_TEST_HOSTS")]
+    hosts, ports = zip(*pairs, strict=True)
+    DATABASES["default"]["HOST"] = ",".join(hosts)
+    DATABASES["default"]["PORT"] = ",".join(ports)
+    DATABASES["default"]["OPTIONS"] = {
+        **DATABASES["default"].get("OPTIONS", {}),
+        "target_session_attrs": "read-write",
+        "connect_timeout": 2,
+    }
 # Worker processes of tests/faults/ behind PgBouncer: a direct alias to LISTEN on.
 if "PGQUEUE_TEST_DIRECT_URL" in env:
     DATABASES["direct"] = env.db_url("PGQUEUE_TEST_DIRECT_URL")
