@@ -133,6 +133,33 @@ def execution_figures(conn: psycopg.Connection[Any], job_type: str = JOB_TYPE) -
     }
 
 
+def assert_each_ran_once(result: dict[str, int], jobs: int) -> None:
+    """Of ``execution_figures()``: all ``jobs`` completed, no run of a job began before
+    its previous run ended, and no run's writes are there twice."""
+    assert result["jobs"] == jobs
+    assert result["lost"] == 0, result
+    assert result["overlaps"] == 0, result
+    assert result["duplicates"] == 0, result
+
+
+def completed_count(conn: psycopg.Connection[Any]) -> int:
+    """How many jobs are completed."""
+    row = conn.execute("SELECT count(*) FROM pgqueue_jobs WHERE status = 'completed'").fetchone()
+    return int(row[0]) if row else 0
+
+
+def workers_beating_since(conn: psycopg.Connection[Any], fleet: Fleet, moment: float) -> int:
+    """How many of ``fleet``'s workers beat after ``moment`` (``time.monotonic()``)."""
+    ids = [process.worker_id for process in fleet.processes.values()]  # type: ignore[attr-defined]
+    ago = time.monotonic() - moment
+    row = conn.execute(
+        "SELECT count(*) FROM pgqueue_workers WHERE worker_id = ANY(%s) "
+        "AND heartbeat_at > now() - make_interval(secs => %s)",
+        [ids, ago],
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def duplicate_runs_by(conn: psycopg.Connection[Any]) -> list[tuple[Any, str]]:
     """(job id, worker id) of every run of a job but its last: the runs that were
     repeated, whose workers must have died before recording the outcome."""

@@ -19,7 +19,7 @@ import psycopg
 
 from tests.workers import ROOT, WorkerProcess
 
-from .fleet import Fleet, enqueue_sql, execution_figures, wait_until_drained
+from .fleet import Fleet, completed_count, enqueue_sql, execution_figures, wait_until_drained
 
 JOBS = 2000
 WORKERS = 2
@@ -59,11 +59,6 @@ def enqueue_from_django(env: dict[str, str]) -> subprocess.CompletedProcess[str]
     )
 
 
-def completed(conn: psycopg.Connection[Any]) -> int:
-    row = conn.execute("SELECT count(*) FROM pgqueue_jobs WHERE status = 'completed'").fetchone()
-    return int(row[0]) if row else 0
-
-
 def test_workers_ride_out_a_server_out_of_connections(cluster, figures):
     env = {"DATABASE_URL": cluster.url, "PGQUEUE_TEST_SETTINGS": SETTINGS}
     control = cluster.connect()
@@ -73,7 +68,7 @@ def test_workers_ride_out_a_server_out_of_connections(cluster, figures):
     hoard: list[psycopg.Connection[Any]] = []
     late = None
     try:
-        while completed(control) < JOBS // 5 and time.monotonic() < started + 30:
+        while completed_count(control) < JOBS // 5 and time.monotonic() < started + 30:
             time.sleep(0.05)
         hoard = take_every_connection(cluster.url)
         ours = [control.info.backend_pid, *(conn.info.backend_pid for conn in hoard)]
@@ -85,9 +80,9 @@ def test_workers_ride_out_a_server_out_of_connections(cluster, figures):
         hoard += take_every_connection(cluster.url)  # the slots the cut freed
         late = WorkerProcess("--worker-id", "late", env=env)
         refused = enqueue_from_django(env)
-        at_cut = completed(control)
+        at_cut = completed_count(control)
         time.sleep(HOLD_SECONDS)
-        during = completed(control) - at_cut
+        during = completed_count(control) - at_cut
         (reconnected,) = control.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = 'faults' "
             "AND backend_type = 'client backend' AND pid <> ALL(%s)",
