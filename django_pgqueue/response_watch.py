@@ -38,7 +38,6 @@ class ResponseWatch:
         self._lock = threading.Lock()
         self._waiting: dict[object, tuple[psycopg.Connection[Any], float, float, str]] = {}
         self._thread: threading.Thread | None = None
-        self._wake = threading.Event()
         #: How many connections the watch has cut (for tests and logs).
         self.cut = 0
 
