@@ -123,25 +123,21 @@ FINISH_IN_TRANSACTION = _finish("statement_timestamp()")
 # FINISH for a batch in which every job completed with no result and no note: what
 # FINISH writes for such outcomes, from two arrays instead of eight (most batches).
 # A binary float array has no NULL: NaN stands for "keep the claim's started_at".
-def _finish_completed(moment: str) -> str:
-    return f"""
+FINISH_COMPLETED = f"""
 UPDATE pgqueue_jobs AS jobs
    SET status = {_COMPLETED},
        progress = 100,
-       completed_at = {moment},
+       completed_at = now(),
        result = NULL,
        started_at = CASE WHEN o.started_ago = 'NaN' THEN jobs.started_at
                          ELSE GREATEST(jobs.claimed_at,
-                                       {moment} - o.started_ago * interval '1 second') END
+                                       now() - o.started_ago * interval '1 second') END
   FROM unnest(%b::uuid[], %b::float8[]) AS o(id, started_ago)
  WHERE jobs.id = o.id
    AND jobs.worker_id = %s
    AND {_HELD}
 RETURNING jobs.id
 """
-
-
-FINISH_COMPLETED = _finish_completed("now()")
 
 # FINISH_COMPLETED for one job, in its handler's transaction: a function whose plan the
 # session keeps (sql/complete_in_transaction_v1.sql); true when the attempt still held
