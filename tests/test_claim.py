@@ -494,3 +494,70 @@ def test_jobs_not_held_by_a_worker_are_never_recovered(make_job, long_ago, statu
     make_job(status=status, created_at=long_ago, heartbeat_at=long_ago, claimed_at=long_ago)
 
     assert recover(timedelta(minutes=1)) == []
+
+
+# -- Jobs lost with their worker: at most one per worker --------------------------------
+
+
+def test_recovery_marks_the_running_jobs_it_takes_back_as_lost_with_their_worker(
+    make_job, long_ago
+):
+    def stale(status):
+        return make_job(
+            status=status, worker_id="w-dead", attempts=1, claimed_at=long_ago,
+            heartbeat_at=long_ago,
+        )  # fmt: skip
+
+    running, claimed = stale("running"), stale("claimed")
+
+    recover(timedelta(minutes=1))
+
+    running.refresh_from_db()
+    claimed.refresh_from_db()
+    assert running.lost_with_worker is True
+    assert claimed.lost_with_worker is False  # it ran no code
+    assert make_job().lost_with_worker is False
+
+
+def claim_ids(worker_id: str) -> set[Any]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id FROM claim_job_batch(%s, NULL, 10, NULL, true)", [worker_id])
+        return {row[0] for row in cursor.fetchall()}
+
+
+@pytest.mark.parametrize("limited", [False, True], ids=["no-limit", "with-a-limit"])
+def test_a_worker_holds_at_most_one_job_lost_with_its_worker(make_job, limited):
+    # A job that kills its worker kills those beside it: two lost jobs in one worker
+    # could be a poison job and one that died with it before (test_poison_job.py).
+    if limited:  # the claim's other path, taken while any limit exists
+        ConcurrencyLimit.objects.create(scope="queue", name="elsewhere", declared=1)
+    earlier = db_now() - timedelta(minutes=1)
+    lost = {make_job(lost_with_worker=True, run_at=earlier).id for _ in range(3)}
+    fresh = {make_job().id for _ in range(3)}
+
+    first = claim_ids("w-1")
+    assert first >= fresh
+    assert len(first & lost) == 1  # one of them, though they come first in claim order
+    assert first <= fresh | lost
+
+    assert claim_ids("w-1") == set()  # it holds one: the others are left
+    second = claim_ids("w-2")
+    assert len(second) == 1 and second < lost - first
+
+    # Once its lost job finishes, the worker may take another.
+    Job.objects.filter(pk__in=first & lost).update(status="completed")
+    assert claim_ids("w-1") == lost - first - second
+
+
+@pytest.mark.parametrize("limited", [False, True], ids=["no-limit", "with-a-limit"])
+def test_jobs_lost_with_their_worker_do_not_stop_a_claim_from_filling_its_batch(make_job, limited):
+    # The walk's first rows are lost jobs the worker may not take: the rest is claimed.
+    if limited:
+        ConcurrencyLimit.objects.create(scope="queue", name="elsewhere", declared=1)
+    make_job(status="running", worker_id="w-1", lost_with_worker=True)
+    earlier = db_now() - timedelta(minutes=1)
+    for _ in range(3):
+        make_job(lost_with_worker=True, run_at=earlier)
+    fresh = {make_job().id for _ in range(3)}
+
+    assert claim_ids("w-1") == fresh

@@ -125,6 +125,12 @@ class Job(JobsDatabaseModel):
             because its key already has as many due jobs waiting as its limit; it is
             released, in claim order, as they are claimed or cancelled. Default
             ``False``.
+        lost_with_worker (BooleanField): ``True`` once a run of the job was lost with
+            its worker: recovery took the job back, running, from a worker that stopped
+            heartbeating. A worker holds at most one such job at a time, so a job that
+            kills its worker cannot take another such job with it again (see
+            [Guarantees](../guarantees.md#a-job-that-kills-its-worker)). Default
+            ``False``.
         workflow_id (UUIDField): The workflow the job is a step of: jobs enqueued with
             ``depends_on``, the jobs they depend on, and every job of an
             ``enqueue_many`` call with dependencies share one. ``NULL`` (the default):
@@ -184,6 +190,10 @@ class Job(JobsDatabaseModel):
     #: The workflow the job is a step of (``depends_on``); NULL: none. Its finish and
     #: retry settle the steps that depend on it (sql/workflow_settle_v1.sql).
     workflow_id = models.UUIDField(null=True, blank=True)
+    #: A run of the job was lost with its worker: recovery took it back, running, from a
+    #: worker that stopped heartbeating (sql/recover_stale_jobs_v4.sql). A worker holds
+    #: at most one such job at a time (sql/claim_job_batch_v10.sql).
+    lost_with_worker = models.BooleanField(db_default=False, editable=False)
     #: Someone waits for its finish (``wait()``): it then notifies ``pgqueue_finished``
     #: (sql/notify_finished_v1.sql).
     awaited = models.BooleanField(db_default=False)
@@ -228,6 +238,13 @@ class Job(JobsDatabaseModel):
                 fields=["worker_id", "heartbeat_at"],
                 name="idx_jobs_worker",
                 condition=Q(status__in=schema.values(IN_FLIGHT)),
+            ),
+            # The claim's test of whether a worker holds a job lost with its worker: empty
+            # but for such jobs in flight, so the test costs a claim next to nothing.
+            models.Index(
+                fields=["worker_id"],
+                name="idx_jobs_lost_in_flight",
+                condition=Q(status__in=schema.values(IN_FLIGHT), lost_with_worker=True),
             ),
             GinIndex(fields=["data"], name="idx_jobs_data", opclasses=["jsonb_path_ops"]),
             # Pruning deletes the oldest finished rows first (pruning.py).
@@ -782,6 +799,7 @@ _NEW_ROW_DEFAULTS: dict[str, Any] = {
     "unique_key": None,
     "concurrency_key": None,
     "held": False,
+    "lost_with_worker": False,
     "awaited": False,
     "timeout": None,
     "trace_context": None,
