@@ -560,6 +560,23 @@ def test_job_page_shows_the_concurrency_key_and_whether_the_job_is_held(client, 
     )
 
 
+def test_job_page_shows_whether_a_run_of_the_job_was_lost_with_its_worker(
+    client, operator, make_job
+):
+    lost = make_job(status="pending", lost_with_worker=True)  # as recovery marks it
+    fresh = make_job(status="pending")
+
+    def shown(job):
+        content = client.get(change_url(job)).content.decode()
+        found = re.search(
+            r"<label>Lost with worker:</label>\s*<div class=\"readonly\"><img [^>]*alt=\"(\w+)\"",
+            content,
+        )
+        return found and found[1]
+
+    assert (shown(lost), shown(fresh)) == ("True", "False")
+
+
 def test_job_page_shows_the_newest_progress_events_oldest_first(client, operator, make_job):
     job = make_job(status="running", worker_id="w", events_count=HISTORY_SHOWN + 5)
     JobEvent.objects.bulk_create(

@@ -242,6 +242,7 @@ class JobAdmin(WorkflowCells, ErrorGroups, PeriodicPage, ChartsPage, LiveView, Q
                     "snoozes",
                     "worker",
                     "worker_ids_display",
+                    "lost_with_worker",
                     "trace_display",
                     "last_error_pre",
                     "traceback_pre",

@@ -129,7 +129,7 @@ class Job(JobsDatabaseModel):
             its worker: recovery took the job back, running, from a worker that stopped
             heartbeating. A worker holds at most one such job at a time, so a job that
             kills its worker cannot take another such job with it again (see
-            [Guarantees](../guarantees.md#a-job-that-kills-its-worker)). Default
+            [Guarantees](../explanation/guarantees.md#a-job-that-kills-its-worker)). Default
             ``False``.
         workflow_id (UUIDField): The workflow the job is a step of: jobs enqueued with
             ``depends_on``, the jobs they depend on, and every job of an
