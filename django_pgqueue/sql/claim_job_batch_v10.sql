@@ -7,7 +7,8 @@
 -- took the poison with a job that had died with it before: that job died with it again,
 -- and in about one run in ten failed with it, having spent its attempts in crashes not
 -- its own. A claim now takes a job lost with its worker only when the worker holds none
--- (idx_jobs_lost_in_flight, empty but for such jobs), and one at most: two such jobs
+-- (idx_jobs_lost_in_flight, empty but for such jobs; asked only once the walk found such
+-- a job, so a claim without any costs nothing more), and one at most: two such jobs
 -- never run in one worker, so a job dies with a poison job once at most, in the
 -- poison's first run, and no job but the poison spends its attempts that way. The
 -- others of them the walk found are left locked until the claim commits, for another
@@ -60,7 +61,8 @@ DECLARE
     v_now timestamptz;
     v_lock_names text[];
     v_lock_name text;
-    -- Whether the batch may take a job lost with its worker: the worker holds none.
+    -- Whether the batch may take a job lost with its worker: the worker holds none
+    -- (NULL: not asked yet, only once the walk finds such a job).
     v_lost_room boolean;
     v_lost uuid[];
 BEGIN
@@ -89,11 +91,8 @@ BEGIN
     SELECT (SELECT array_agg(name) FROM pgqueue_queues WHERE paused_at IS NOT NULL),
            EXISTS (SELECT 1 FROM pgqueue_limits),
            EXISTS (SELECT 1 FROM pgqueue_limits WHERE scope = 'key'),
-           EXISTS (SELECT 1 FROM pgqueue_rate_limits),
-           NOT EXISTS (SELECT 1 FROM pgqueue_jobs
-                        WHERE worker_id = p_worker_id AND lost_with_worker
-                          AND status IN ('claimed', 'running'))
-      INTO v_paused, v_limited, v_keyed, v_rated, v_lost_room;
+           EXISTS (SELECT 1 FROM pgqueue_rate_limits)
+      INTO v_paused, v_limited, v_keyed, v_rated;
     IF v_rated THEN
         v_rated_keys := EXISTS (SELECT 1 FROM pgqueue_rate_limits WHERE scope = 'key');
     END IF;
@@ -126,10 +125,14 @@ BEGIN
                worker_ids = jobs.worker_ids || to_jsonb(p_worker_id)
           FROM due
          WHERE jobs.ctid = due.ctid
-           -- Of the jobs lost with their worker, one, if the worker holds none.
+           -- Of the jobs lost with their worker, one, if the worker holds none. Both
+           -- subqueries run only once the walk found such a job.
            AND (NOT due.lost
-                OR v_lost_room
-                   AND due.ctid = (SELECT first.ctid FROM due AS first WHERE first.lost LIMIT 1))
+                OR due.ctid = (SELECT first.ctid FROM due AS first WHERE first.lost LIMIT 1)
+                   AND NOT EXISTS (SELECT 1 FROM pgqueue_jobs AS held_lost
+                                    WHERE held_lost.worker_id = p_worker_id
+                                      AND held_lost.lost_with_worker
+                                      AND held_lost.status IN ('claimed', 'running')))
         RETURNING jobs.*;
         RETURN;
     END IF;
@@ -219,6 +222,12 @@ BEGIN
         IF v_lost IS NOT NULL THEN
             -- One job lost with its worker, if the worker holds none; the walk's others
             -- are passed over from now on.
+            IF v_lost_room IS NULL THEN
+                v_lost_room := NOT EXISTS (
+                    SELECT 1 FROM pgqueue_jobs AS j
+                     WHERE j.worker_id = p_worker_id AND j.lost_with_worker
+                       AND j.status IN ('claimed', 'running'));
+            END IF;
             IF v_lost_room THEN
                 v_candidates := COALESCE(v_candidates, '{}') || v_lost[1];
                 v_lost := v_lost[2:];
@@ -435,7 +444,7 @@ BEGIN
              HAVING count(*) > 0;
         END IF;
 
-        IF v_lost_room THEN
+        IF v_lost_room AND v_keep IS NOT NULL THEN
             v_lost_room := NOT EXISTS (
                 SELECT 1 FROM pgqueue_jobs AS j
                  WHERE j.id = ANY (COALESCE(v_keep, '{}')) AND j.lost_with_worker);
