@@ -41,5 +41,8 @@ class Migration(migrations.Migration):
             reverse_sql=read_sql("recover_stale_jobs_v3.sql"),
         ),
         migrations.RunSQL(sql=DROP_CLAIM, reverse_sql=read_sql("claim_job_batch_v9.sql")),
-        migrations.RunSQL(sql=read_sql("claim_job_batch_v10.sql"), reverse_sql=DROP_CLAIM),
+        migrations.RunSQL(
+            sql=read_sql("claim_job_batch_v10.sql"),
+            reverse_sql=DROP_CLAIM + "DROP FUNCTION pgqueue_holds_lost_job(text);",
+        ),
     ]

@@ -18,6 +18,20 @@
 -- its candidates and passes over them in its later passes.
 --
 -- Everything else is version 9's: see claim_job_batch_v9.sql and the versions before.
+-- Whether the worker holds a job lost with its worker, claimed or running. PL/pgSQL, so
+-- that the claim's statement calling it is planned without a second scan of the jobs
+-- table (its planning cost a claim a sixth more, measured); its own query is planned
+-- only when it runs, once a claim's walk found such a job.
+CREATE FUNCTION pgqueue_holds_lost_job(p_worker_id text) RETURNS boolean
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM pgqueue_jobs
+                    WHERE worker_id = p_worker_id AND lost_with_worker
+                      AND status IN ('claimed', 'running'));
+END;
+$$;
+
 CREATE FUNCTION claim_job_batch(
     p_worker_id text,
     p_job_types text[],
@@ -129,10 +143,7 @@ BEGIN
            -- subqueries run only once the walk found such a job.
            AND (NOT due.lost
                 OR due.ctid = (SELECT first.ctid FROM due AS first WHERE first.lost LIMIT 1)
-                   AND NOT EXISTS (SELECT 1 FROM pgqueue_jobs AS held_lost
-                                    WHERE held_lost.worker_id = p_worker_id
-                                      AND held_lost.lost_with_worker
-                                      AND held_lost.status IN ('claimed', 'running')))
+                   AND NOT pgqueue_holds_lost_job(p_worker_id))
         RETURNING jobs.*;
         RETURN;
     END IF;
@@ -223,10 +234,7 @@ BEGIN
             -- One job lost with its worker, if the worker holds none; the walk's others
             -- are passed over from now on.
             IF v_lost_room IS NULL THEN
-                v_lost_room := NOT EXISTS (
-                    SELECT 1 FROM pgqueue_jobs AS j
-                     WHERE j.worker_id = p_worker_id AND j.lost_with_worker
-                       AND j.status IN ('claimed', 'running'));
+                v_lost_room := NOT pgqueue_holds_lost_job(p_worker_id);
             END IF;
             IF v_lost_room THEN
                 v_candidates := COALESCE(v_candidates, '{}') || v_lost[1];
