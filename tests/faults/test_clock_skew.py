@@ -96,6 +96,14 @@ def test_skewed_workers_keep_the_databases_time(other_connection, figures):
             "WHERE job_id = %s AND name = 'nap'",
             [napper],
         )
+        # The schedule's row is written by the worker's heartbeat thread, on its own
+        # time: under load, after the sleep began.
+        wait_for(
+            lambda: one("SELECT count(*) FROM pgqueue_periodic WHERE name = 'minutely'")[0] == 1,
+            30,
+            "the fast worker enqueued the schedule's tick",
+            fast,
+        )
         (tick_age,) = one(
             "SELECT extract(epoch FROM now() - last_tick) FROM pgqueue_periodic "
             "WHERE name = 'minutely'"
