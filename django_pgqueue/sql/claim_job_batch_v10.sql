@@ -79,6 +79,7 @@ DECLARE
     -- (NULL: not asked yet, only once the walk finds such a job).
     v_lost_room boolean;
     v_lost uuid[];
+    v_lost_pick uuid;
 BEGIN
     IF p_worker_id IS NULL OR p_worker_id = '' THEN
         RAISE EXCEPTION 'claim_job_batch: p_worker_id must be a non-empty string'
@@ -237,11 +238,12 @@ BEGIN
                 v_lost_room := NOT pgqueue_holds_lost_job(p_worker_id);
             END IF;
             IF v_lost_room THEN
-                v_candidates := COALESCE(v_candidates, '{}') || v_lost[1];
+                v_lost_pick := v_lost[1];
+                v_candidates := COALESCE(v_candidates, '{}') || v_lost_pick;
                 v_lost := v_lost[2:];
             END IF;
             v_passed_over := COALESCE(v_passed_over, '{}') || v_lost;
-            CONTINUE WHEN cardinality(v_candidates) IS NULL OR cardinality(v_candidates) = 0;
+            CONTINUE WHEN COALESCE(cardinality(v_candidates), 0) = 0;
         END IF;
         EXIT WHEN v_candidates IS NULL;
 
@@ -452,10 +454,8 @@ BEGIN
              HAVING count(*) > 0;
         END IF;
 
-        IF v_lost_room AND v_keep IS NOT NULL THEN
-            v_lost_room := NOT EXISTS (
-                SELECT 1 FROM pgqueue_jobs AS j
-                 WHERE j.id = ANY (COALESCE(v_keep, '{}')) AND j.lost_with_worker);
+        IF v_lost_pick = ANY (v_keep) THEN
+            v_lost_room := false;  -- it took one: no other in this claim
         END IF;
         v_wanted := v_wanted - COALESCE(cardinality(v_keep), 0);
         v_slots := v_slots - COALESCE(cardinality(v_keep), 0);
