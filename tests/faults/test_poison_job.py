@@ -76,7 +76,7 @@ def test_a_job_that_kills_its_worker_ends_failed_and_the_rest_flow(other_connect
     figures(
         jobs=JOBS,
         completed=completed,
-        others_died_once=len(died),
+        others_lost_with_a_worker=len(died),
         others_died_twice=sum(1 for runs in died.values() if runs > 1),
         poison_status=poison[0],
         poison_attempts=poison[1],
