@@ -519,12 +519,6 @@ def test_recovery_marks_the_running_jobs_it_takes_back_as_lost_with_their_worker
     assert make_job().lost_with_worker is False
 
 
-def claim_ids(worker_id: str) -> set[Any]:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT id FROM claim_job_batch(%s, NULL, 10, NULL, true)", [worker_id])
-        return {row[0] for row in cursor.fetchall()}
-
-
 @pytest.mark.parametrize("limited", [False, True], ids=["no-limit", "with-a-limit"])
 def test_a_worker_holds_at_most_one_job_lost_with_its_worker(make_job, limited):
     # A job that kills its worker kills those beside it: two lost jobs in one worker
@@ -535,18 +529,18 @@ def test_a_worker_holds_at_most_one_job_lost_with_its_worker(make_job, limited):
     lost = {make_job(lost_with_worker=True, run_at=earlier).id for _ in range(3)}
     fresh = {make_job().id for _ in range(3)}
 
-    first = claim_ids("w-1")
+    first = ids(claim("w-1"))
     assert first >= fresh
     assert len(first & lost) == 1  # one of them, though they come first in claim order
     assert first <= fresh | lost
 
-    assert claim_ids("w-1") == set()  # it holds one: the others are left
-    second = claim_ids("w-2")
+    assert ids(claim("w-1")) == set()  # it holds one: the others are left
+    second = ids(claim("w-2"))
     assert len(second) == 1 and second < lost - first
 
     # Once its lost job finishes, the worker may take another.
     Job.objects.filter(pk__in=first & lost).update(status="completed")
-    assert claim_ids("w-1") == lost - first - second
+    assert ids(claim("w-1")) == lost - first - second
 
 
 @pytest.mark.parametrize("limited", [False, True], ids=["no-limit", "with-a-limit"])
@@ -560,4 +554,4 @@ def test_jobs_lost_with_their_worker_do_not_stop_a_claim_from_filling_its_batch(
         make_job(lost_with_worker=True, run_at=earlier)
     fresh = {make_job().id for _ in range(3)}
 
-    assert claim_ids("w-1") == fresh
+    assert ids(claim("w-1")) == fresh
