@@ -43,6 +43,10 @@ class PgQueueSettings:
     #: Point it at a direct connection when ``DATABASE`` goes through a transaction pooler.
     LISTEN_DATABASE: str | None = None
     POLL_INTERVAL: float = 1.0
+    #: Seconds between claims of an idle worker while the leader's wake-up calls reach it
+    #: (NOTIFY): only for jobs made due without a notification (a delayed job committed
+    #: after its time, say). Workers that cannot hear them poll every ``POLL_INTERVAL``.
+    IDLE_POLL_INTERVAL: float = 60.0
     HEARTBEAT_INTERVAL: float = 10.0
     STALE_AFTER: float = 60.0
     RECOVER_INTERVAL: float = 30.0
@@ -101,6 +105,7 @@ _OPTIONAL_DURATIONS = {
 
 _DURATIONS = {
     "POLL_INTERVAL",
+    "IDLE_POLL_INTERVAL",
     "HEARTBEAT_INTERVAL",
     "STALE_AFTER",
     "RECOVER_INTERVAL",
@@ -110,7 +115,13 @@ _DURATIONS = {
     "RETRY_BACKOFF_MAX",
 }
 # Durations that pace a worker's loops: zero would make them spin without pausing.
-_POSITIVE_DURATIONS = {"POLL_INTERVAL", "HEARTBEAT_INTERVAL", "STALE_AFTER", "RECOVER_INTERVAL"}
+_POSITIVE_DURATIONS = {
+    "POLL_INTERVAL",
+    "IDLE_POLL_INTERVAL",
+    "HEARTBEAT_INTERVAL",
+    "STALE_AFTER",
+    "RECOVER_INTERVAL",
+}
 
 
 def to_seconds(name: str, value: Any, *, allow_zero: bool = True) -> float:

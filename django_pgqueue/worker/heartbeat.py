@@ -1,6 +1,12 @@
-"""The heartbeat thread: proves this worker is alive, relays cancellation requests,
-periodically recovers jobs of workers that died, and enqueues periodic jobs on their
-ticks."""
+"""The heartbeat thread: proves this worker is alive, relays cancellation requests and
+learns whether it leads. The leader alone (the live worker with the lowest id) recovers
+jobs of workers that died, prunes, writes the rollups, enqueues periodic jobs on their
+ticks and, from its listener, wakes idle workers for jobs that became due with time:
+with every worker doing so, a hundred idle workers kept the database busy.
+
+A worker holding jobs beats every ``interval`` (its jobs' heartbeats); an idle one that
+hears the leader's ticks every ``idle_interval``, enough to stay alive in the admin's
+eyes (``STALE_AFTER``) and to take the lead when the leader is gone."""
 
 from __future__ import annotations
 
@@ -43,6 +49,7 @@ class Heartbeat(threading.Thread):
         run_schedules: bool = True,
         on_rate_limited: Callable[[bool], None] | None = None,
         response_timeout: float = 0.0,
+        announced: Callable[[], bool] = lambda: False,
     ) -> None:
         super().__init__(name="pgqueue-heartbeat", daemon=True)
         self._alias = alias
@@ -57,34 +64,65 @@ class Heartbeat(threading.Thread):
         self._on_rate_limited = on_rate_limited
         self._horizon = HorizonWatch()
         self._response_timeout = response_timeout
+        self._announced = announced
+        #: Seconds between the beats of an idle worker that hears the leader's ticks.
+        self._idle_interval = max(interval, stale_after / 3)
+        self._nudged = threading.Event()
+        #: Whether its last beat found it the leader (read by the listener).
+        self.leads = False
+        #: Whether its last beat found a concurrency limit (read by the main loop).
+        self.concurrency_limited = True
+        self._beaten = False
+
+    def nudge(self) -> None:
+        """Beat now (the leader's ticks stopped), or look at ``stopping`` now."""
+        self._nudged.set()
 
     def run(self) -> None:
         started = time.monotonic()
-        next_beat = started + self._interval
+        next_beat = started  # at once: whether it leads
         next_recovery = started + self._recover_interval
-        # At once on start: a worker starting after downtime enqueues missed ticks now.
+        # At once on start: a leader starting after downtime enqueues missed ticks now.
         next_schedule = started if self._run_schedules else math.inf
         # Every statement of this thread's connection is bounded: a heartbeat stuck on a
         # half-open connection would let this worker's jobs be recovered while it runs.
         unanswered = statement_guard(self._response_timeout, "the heartbeat's statements")
         try:
             with connections[self._alias].execute_wrapper(unanswered):
-                while not self._stopping.wait(
-                    max(min(next_beat, next_schedule) - time.monotonic(), 0)
-                ):
+                while not self._stopping.is_set():
+                    until = min(next_beat, next_schedule if self.leads else math.inf)
+                    if self._nudged.wait(max(until - time.monotonic(), 0)):
+                        self._nudged.clear()
+                        next_beat = time.monotonic()
+                    if self._stopping.is_set():
+                        break
                     if time.monotonic() >= next_beat:
                         next_recovery = self._maintain(next_recovery)
-                        next_beat = time.monotonic() + self._interval
-                    if time.monotonic() >= next_schedule:
+                        next_beat = time.monotonic() + self._beat_interval()
+                    if self.leads and time.monotonic() >= next_schedule:
                         next_schedule = self._enqueue_periodic_jobs()
         finally:
             connections.close_all()
 
+    def _beat_interval(self) -> float:
+        """Seconds to the next beat: ``interval`` while it leads, holds jobs or cannot
+        count on the leader's wake-up calls, ``idle_interval`` otherwise."""
+        if self.leads or self._held_jobs() or self._unflushed_job_ids():
+            return self._interval
+        return self._idle_interval if self._announced() else self._interval
+
     def _maintain(self, next_recovery: float) -> float:
-        """Beat, recover, prune and write the minute's rollups (one worker a minute);
+        """Beat; as the leader also recover, prune and write the minute's rollups;
         return when recovery is due next."""
         try:
-            self.beat()
+            led, first = self.leads, not self._beaten
+            self.leads = self.beat()
+            if not self.leads:
+                return next_recovery
+            if not led and not first:
+                # It took over from a leader that stopped or died: that one's jobs (or
+                # another's) may be waiting for recovery already.
+                next_recovery = time.monotonic()
             if time.monotonic() >= next_recovery:
                 next_recovery = time.monotonic() + self._recover_interval
                 recover_stale_jobs(self._stale_after, using=self._alias)
@@ -136,8 +174,9 @@ class Heartbeat(threading.Thread):
         wait = min(self._interval, max((upcoming - now).total_seconds(), 0.0))
         return time.monotonic() + wait
 
-    def beat(self) -> None:
-        """Refresh ``heartbeat_at`` of held jobs and deliver cancellation requests.
+    def beat(self) -> bool:
+        """Refresh ``heartbeat_at`` of this worker and its held jobs, deliver cancellation
+        requests; return whether it leads.
 
         Held jobs are those running in a slot and those whose outcome is not written yet.
         Also tells the worker whether rate limits exist (staff may add one at any time).
@@ -146,12 +185,16 @@ class Heartbeat(threading.Thread):
         held = {running.job.id: running for running in self._held_jobs()}
         ids = [*held, *self._unflushed_job_ids()]
         with connections[self._alias].cursor() as cursor:
-            cursor.execute(queries.WORKER_HEARTBEAT, [self._worker_id])
+            cursor.execute(
+                queries.WORKER_BEAT,
+                {"worker": self._worker_id, "stale_after": self._stale_after},
+            )
+            leads, rate_limited, self.concurrency_limited = cursor.fetchone()
+            self._beaten = True
             if self._on_rate_limited is not None:
-                cursor.execute(queries.RATE_LIMITED)
-                self._on_rate_limited(bool(cursor.fetchone()[0]))
+                self._on_rate_limited(bool(rate_limited))
             if not ids:
-                return
+                return bool(leads)
             cursor.execute(queries.HEARTBEAT, [ids, self._worker_id])
             rows = cursor.fetchall()
         still_ours = set()
@@ -174,3 +217,4 @@ class Heartbeat(threading.Thread):
                     extra=job_fields(running.job),
                 )
                 running.cancel_event.set()
+        return bool(leads)

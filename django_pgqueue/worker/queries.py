@@ -166,6 +166,63 @@ ON CONFLICT (worker_id) DO UPDATE
 
 WORKER_HEARTBEAT = "UPDATE pgqueue_workers SET heartbeat_at = now() WHERE worker_id = %s"
 
+# A worker's beat, one statement: its row's heartbeat, whether it leads (the live worker
+# with the lowest id, live as the admin's WorkerState.ALIVE: not stopped, beaten within
+# STALE_AFTER), whether any rate limit exists, and whether any concurrency limit does
+# (room a finished job frees announces nothing: idle workers then poll). The leader
+# alone recovers, prunes, writes the rollups, enqueues the periodic jobs and wakes idle
+# workers (WAKE_DUE_QUEUES).
+WORKER_BEAT = """
+WITH beat AS (
+    UPDATE pgqueue_workers SET heartbeat_at = now() WHERE worker_id = %(worker)s RETURNING 1
+)
+SELECT EXISTS (SELECT FROM beat)
+       AND NOT EXISTS (
+           SELECT FROM pgqueue_workers
+            WHERE worker_id < %(worker)s AND stopped_at IS NULL
+              AND heartbeat_at > now() - %(stale_after)s * interval '1 second'),
+       EXISTS (SELECT FROM pgqueue_rate_limits),
+       EXISTS (SELECT FROM pgqueue_limits WHERE max_running IS NOT NULL)
+"""
+
+#: The payload of the leader's tick: not a queue name (validation.queue refuses it).
+TICK = ""
+
+# The leader's wake-up call (worker/listener.py), every poll interval: a NOTIFY for each
+# queue with pending jobs whose run_at passed since one lookback before the server's
+# moment of the last call (%(since)s; NULL: now), then the tick that tells idle workers
+# the calls go on. It names the jobs that became due with time (delayed jobs, retries,
+# snoozes, sleeps, recovered jobs) and those inserted with SQL without a NOTIFY; the
+# lookback covers a transaction that committed a job just after the last call read the
+# table. The walk reads idx_jobs_claimable once per distinct priority of pending jobs,
+# and only the entries of the window.
+WAKE_DUE_QUEUES = f"""
+WITH RECURSIVE priorities(priority) AS (
+    (SELECT priority FROM pgqueue_jobs
+      WHERE status = {_PENDING} AND NOT held ORDER BY priority DESC LIMIT 1)
+  UNION ALL
+    SELECT (SELECT jobs.priority FROM pgqueue_jobs AS jobs
+             WHERE jobs.status = {_PENDING} AND NOT jobs.held AND jobs.priority < p.priority
+             ORDER BY jobs.priority DESC LIMIT 1)
+      FROM priorities AS p
+     WHERE p.priority IS NOT NULL
+), woken AS (
+    SELECT DISTINCT due.queue
+      FROM priorities AS p,
+           LATERAL (
+               SELECT queue FROM pgqueue_jobs
+                WHERE status = {_PENDING} AND NOT held AND priority = p.priority
+                  AND run_at > coalesce(%(since)s::timestamptz, now())
+                                 - %(lookback)s * interval '1 second'
+                  AND {DUE}
+               OFFSET 0  -- kept apart: one index range per priority, not a whole scan
+           ) AS due
+)
+SELECT now(),
+       (SELECT count(pg_notify(%(channel)s, queue))
+          FROM (SELECT queue FROM woken UNION ALL SELECT {TICK!r}) AS calls (queue))
+"""
+
 WORKER_STOPPED = (
     "UPDATE pgqueue_workers SET stopped_at = now(), heartbeat_at = now() WHERE worker_id = %s"
 )

@@ -133,8 +133,11 @@ class Worker:
         prefetch: Most claimed jobs held beyond the running ones while jobs are fast, 0
             to 10000. Default: ``PGQUEUE["PREFETCH"]`` (100). The worker holds at most
             ``concurrency + prefetch`` jobs; see [``PREFETCH``](settings.md).
-        poll_interval: Seconds between claims when nothing wakes the worker; positive.
-            Default: ``PGQUEUE["POLL_INTERVAL"]``.
+        poll_interval: Seconds between claims when nothing wakes the worker and the
+            leader's notifications are not heard (an idle worker that hears them claims
+            every ``PGQUEUE["IDLE_POLL_INTERVAL"]``); as the leader, the pace of its
+            wake-up calls ([one worker leads](../explanation/design.md#one-worker-leads));
+            positive. Default: ``PGQUEUE["POLL_INTERVAL"]``.
         burst: When ``True``, ``run()`` returns as soon as no due job is left and nothing
             is running (due jobs held back by a rate limit are waited for).
         worker_id: Identifier written to ``worker_id`` of claimed jobs, 1 to 255
@@ -242,6 +245,7 @@ class Worker:
         #: Writes the checkpoints of its handlers' plain steps, in the background.
         self._checkpoints = CheckpointWriter(self.using, self.response_timeout)
         self._listener: NotificationListener | None = None
+        self._heartbeat: Heartbeat | None = None
         self._last_claim_at = 0.0
         #: The rate limits it claims under: whether any exists, when a full window has
         #: room, how soon it promises to start what it prefetches.
@@ -344,6 +348,7 @@ class Worker:
             "poll_interval",
             allow_zero=False,
         )
+        self.idle_poll_interval = max(settings.IDLE_POLL_INTERVAL, self.poll_interval)
         self.shutdown_grace = validation.seconds(
             settings.SHUTDOWN_GRACE if shutdown_grace is None else shutdown_grace,
             "shutdown_grace",
@@ -402,6 +407,8 @@ class Worker:
             self.side_kinds.stop()
             self._checkpoints.close()
             self._threads_stopping.set()
+            if self._heartbeat is not None:
+                self._heartbeat.nudge()  # it may be waiting for its next idle beat
             for thread in threads:
                 # The listener is not waited for: it notices the stop within its 0.5 s
                 # notification timeout and is a daemon thread, so an exiting worker
@@ -563,8 +570,24 @@ class Worker:
             self._wake.wait(self._wait_timeout())
             self._wake.clear()
 
+    def _due_jobs_announced(self) -> bool:
+        """Whether every job this worker could claim is announced by a notification: the
+        leader's wake-up calls reach it (worker/listener.py) and no concurrency limit
+        exists (the room a finished job frees in one is not announced)."""
+        heartbeat = self._heartbeat
+        return (
+            self._listener is not None
+            and heartbeat is not None
+            and not heartbeat.concurrency_limited
+            and self._listener.hears_ticks()
+        )
+
     def _wait_timeout(self) -> float:
         timeout = self.poll_interval
+        if not self._running and not self._outcomes and self._due_jobs_announced():
+            # Idle, and the leader announces every job that becomes due: a poll now and
+            # then only for a job made due without a notification.
+            timeout = self.idle_poll_interval
         now = time.monotonic()
         for running in self._running.values():
             if running.deadline is not None:
@@ -892,20 +915,20 @@ class Worker:
 
     def _start_threads(self) -> list[threading.Thread]:
         settings = self._settings
-        threads: list[threading.Thread] = [
-            Heartbeat(
-                alias=self.using,
-                worker_id=self.worker_id,
-                interval=settings.HEARTBEAT_INTERVAL,
-                recover_interval=settings.RECOVER_INTERVAL,
-                stale_after=settings.STALE_AFTER,
-                held_jobs=lambda: list(self._running.values()),
-                unflushed_job_ids=lambda: [outcome.job_id for outcome in self._outcomes],
-                stopping=self._threads_stopping,
-                on_rate_limited=lambda limited: setattr(self.pacing, "limited", limited),
-                response_timeout=self.response_timeout,
-            )
-        ]
+        self._heartbeat = heartbeat = Heartbeat(
+            alias=self.using,
+            worker_id=self.worker_id,
+            interval=settings.HEARTBEAT_INTERVAL,
+            recover_interval=settings.RECOVER_INTERVAL,
+            stale_after=settings.STALE_AFTER,
+            held_jobs=lambda: list(self._running.values()),
+            unflushed_job_ids=lambda: [outcome.job_id for outcome in self._outcomes],
+            stopping=self._threads_stopping,
+            on_rate_limited=lambda limited: setattr(self.pacing, "limited", limited),
+            response_timeout=self.response_timeout,
+            announced=self._due_jobs_announced,
+        )
+        threads: list[threading.Thread] = [heartbeat]
         if self.listen:
             self._listener = NotificationListener(
                 # LISTEN needs a session: through a transaction pooler it hears nothing.
@@ -916,6 +939,9 @@ class Worker:
                 stopping=self._threads_stopping,
                 probe_interval=settings.HEARTBEAT_INTERVAL,
                 response_timeout=self.response_timeout,
+                poll_interval=self.poll_interval,
+                leads=lambda: heartbeat.leads,
+                on_ticks_lost=heartbeat.nudge,
             )
             threads.append(self._listener)
         for thread in threads:
