@@ -451,14 +451,15 @@ def fresh_database(admin_url: str, system: str) -> str:
     return _with_database(admin_url, name)
 
 
-def rerun_on_a_fresh_database(script: str, name: str) -> int:
+def rerun_on_a_fresh_database(script: str, name: str, extra_settings: Sequence[str] = ()) -> int:
     """Run ``script`` again, with these arguments, on a fresh database ``name`` (its URL
     in ``BENCH_DATABASE_URL``): of ``--database-url``'s server, else of a durable one
-    started as this command starts its own. Return its exit status."""
+    started as this command starts its own, with ``extra_settings`` after the durable
+    ones. Return its exit status."""
     url = None
     if "--database-url" in sys.argv:
         url = sys.argv[sys.argv.index("--database-url") + 1]
-    with postgres(url) as admin_url:
+    with postgres(url, extra_settings) as admin_url:
         database = fresh_database(admin_url, name)
         try:
             env = {**os.environ, "BENCH_DATABASE_URL": database}
