@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from django_pgqueue import RetryJob, enqueue, job
 from django_pgqueue.models import Job, JobStatus, WorkerRecord
-from django_pgqueue.worker import queries
+from django_pgqueue.worker import queries, slots
 from tests.workers import wait_for, worker_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -129,6 +129,33 @@ def test_idle_workers_poll_while_a_concurrency_limit_exists(settings):
         wait_for(lambda: second._heartbeat is not None and second._heartbeat._beaten)
         assert not second._due_jobs_announced()
         assert round_trips_while_idle(second, 1.0) >= 5
+
+
+def worker_backends(before: set[int]) -> int:
+    """Client connections to the test database opened since ``before`` was taken."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND backend_type = 'client backend'"
+        )
+        return len({pid for (pid,) in cursor.fetchall()} - before)
+
+
+def test_idle_slots_close_the_connections_their_handlers_opened(monkeypatch):
+    monkeypatch.setattr(slots, "IDLE_CONNECTION_SECONDS", 0.5)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+        before = {pid for (pid,) in cursor.fetchall()}
+    with worker_thread(poll_interval=POLL, concurrency=3) as worker:
+        recorded = [enqueue("tests.record", {"sleep": 1.0}) for _ in range(3)]
+        # The main loop's, the listener's, the heartbeat's, and one per busy slot.
+        wait_for(lambda: worker_backends(before) == 6)
+        wait_for(lambda: all(finished(job_) for job_ in recorded))
+        wait_for(lambda: worker_backends(before) == 3, timeout=10)
+        # A slot opens its connection again for the next job.
+        again = enqueue("tests.record")
+        wait_for(lambda: finished(again))
+        assert worker.stats["completed"] == 4
 
 
 @pytest.fixture

@@ -3,6 +3,10 @@
 Daemon threads, unlike ``concurrent.futures``' workers, never keep the process alive
 after the worker decided to exit: a handler stuck past the shutdown grace period cannot
 hold up a deploy. Its job is released or recovered instead.
+
+A slot keeps the connections its handlers opened while jobs keep coming, and closes
+them once it waited ``IDLE_CONNECTION_SECONDS`` for one: an idle worker holds only its
+own three connections, whatever its concurrency.
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ from .execution import Outcome, RunningJob, execute, failure_outcome
 logger = logging.getLogger("django_pgqueue.worker")
 
 _STOP = object()
+
+#: Seconds a slot waits for a job before it closes the connections its handlers opened
+#: (reopened by the next handler that uses the database).
+IDLE_CONNECTION_SECONDS = 30.0
 
 
 def take_unstarted(inbox: queue.SimpleQueue[RunningJob | object]) -> list[RunningJob]:
@@ -74,7 +82,12 @@ class SlotPool:
 
         try:
             while True:
-                item = self._inbox.get()
+                try:
+                    item = self._inbox.get(timeout=IDLE_CONNECTION_SECONDS)
+                except queue.Empty:
+                    close_side_connections()
+                    connections.close_all()
+                    item = self._inbox.get()
                 if item is _STOP:
                     return
                 assert isinstance(item, RunningJob)
