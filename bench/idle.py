@@ -84,7 +84,7 @@ def figures(statements: bool) -> dict[str, Any]:
             "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
         ),
         "statements": _one(
-            "SELECT sum(calls) FROM pg_stat_statements WHERE toplevel AND dbid = "
+            "SELECT sum(calls)::bigint FROM pg_stat_statements WHERE toplevel AND dbid = "
             "(SELECT oid FROM pg_database WHERE datname = current_database())"
         )
         if statements
