@@ -117,9 +117,11 @@ class Heartbeat(threading.Thread):
         try:
             led, first = self.leads, not self._beaten
             self.leads = self.beat()
-            if not self.leads:
+            if not self.leads or first:
+                # The first beat, at start, only learns whether it leads: the periodic
+                # work waits for the next one, as it did when that was the first.
                 return next_recovery
-            if not led and not first:
+            if not led:
                 # It took over from a leader that stopped or died: that one's jobs (or
                 # another's) may be waiting for recovery already.
                 next_recovery = time.monotonic()
