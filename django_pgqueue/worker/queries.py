@@ -164,8 +164,6 @@ ON CONFLICT (worker_id) DO UPDATE
        started_at = now(), heartbeat_at = now(), stopped_at = NULL
 """
 
-WORKER_HEARTBEAT = "UPDATE pgqueue_workers SET heartbeat_at = now() WHERE worker_id = %s"
-
 # A worker's beat, one statement: its row's heartbeat, whether it leads (the live worker
 # with the lowest id, live as the admin's WorkerState.ALIVE: not stopped, beaten within
 # STALE_AFTER), whether any rate limit exists, and whether any concurrency limit does
