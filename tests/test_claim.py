@@ -519,32 +519,44 @@ def test_recovery_marks_the_running_jobs_it_takes_back_as_lost_with_their_worker
     assert make_job().lost_with_worker is False
 
 
-@pytest.mark.parametrize("limited", [False, True], ids=["no-limit", "with-a-limit"])
-def test_a_worker_holds_at_most_one_job_lost_with_its_worker(make_job, limited):
+# The claim's three paths: a worker that filters nothing (its plan cached for the
+# session), one that names its queues (planned for them), and any claim while a limit
+# exists.
+CLAIM_PATHS = pytest.mark.parametrize(
+    ("limited", "queues"),
+    [(False, None), (False, ["default"]), (True, None)],
+    ids=["no-filter", "a-queue-filter", "with-a-limit"],
+)
+
+
+@CLAIM_PATHS
+def test_a_worker_holds_at_most_one_job_lost_with_its_worker(make_job, limited, queues):
     # A job that kills its worker kills those beside it: two lost jobs in one worker
     # could be a poison job and one that died with it before (test_poison_job.py).
-    if limited:  # the claim's other path, taken while any limit exists
+    if limited:
         ConcurrencyLimit.objects.create(scope="queue", name="elsewhere", declared=1)
     earlier = db_now() - timedelta(minutes=1)
     lost = {make_job(lost_with_worker=True, run_at=earlier).id for _ in range(3)}
     fresh = {make_job().id for _ in range(3)}
 
-    first = ids(claim("w-1"))
+    first = ids(claim("w-1", queues=queues))
     assert first >= fresh
     assert len(first & lost) == 1  # one of them, though they come first in claim order
     assert first <= fresh | lost
 
-    assert ids(claim("w-1")) == set()  # it holds one: the others are left
-    second = ids(claim("w-2"))
+    assert ids(claim("w-1", queues=queues)) == set()  # it holds one: the others are left
+    second = ids(claim("w-2", queues=queues))
     assert len(second) == 1 and second < lost - first
 
     # Once its lost job finishes, the worker may take another.
     Job.objects.filter(pk__in=first & lost).update(status="completed")
-    assert ids(claim("w-1")) == lost - first - second
+    assert ids(claim("w-1", queues=queues)) == lost - first - second
 
 
-@pytest.mark.parametrize("limited", [False, True], ids=["no-limit", "with-a-limit"])
-def test_jobs_lost_with_their_worker_do_not_stop_a_claim_from_filling_its_batch(make_job, limited):
+@CLAIM_PATHS
+def test_jobs_lost_with_their_worker_do_not_stop_a_claim_from_filling_its_batch(
+    make_job, limited, queues
+):
     # The walk's first rows are lost jobs the worker may not take: the rest is claimed.
     if limited:
         ConcurrencyLimit.objects.create(scope="queue", name="elsewhere", declared=1)
@@ -554,4 +566,4 @@ def test_jobs_lost_with_their_worker_do_not_stop_a_claim_from_filling_its_batch(
         make_job(lost_with_worker=True, run_at=earlier)
     fresh = {make_job().id for _ in range(3)}
 
-    assert ids(claim("w-1")) == fresh
+    assert ids(claim("w-1", queues=queues)) == fresh
