@@ -158,6 +158,21 @@ def test_idle_slots_close_the_connections_their_handlers_opened(monkeypatch):
         assert worker.stats["completed"] == 4
 
 
+def test_a_light_load_runs_on_one_slot_and_its_connection():
+    # Jobs one at a time go to the slot that became idle last: one slot's connection is
+    # opened and kept warm, not one per slot in turn.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+        before = {pid for (pid,) in cursor.fetchall()}
+    with worker_thread(poll_interval=POLL, concurrency=4) as worker:
+        for _ in range(8):
+            recorded = enqueue("tests.record")
+            wait_for(lambda recorded=recorded: finished(recorded))
+        # The main loop's, the listener's, the heartbeat's, and one slot's.
+        assert worker_backends(before) == 4
+        assert worker.stats["completed"] == 8
+
+
 @pytest.fixture
 def listening(other_connection):
     other_connection.execute("LISTEN pgqueue_jobs")
