@@ -15,9 +15,10 @@ from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
-from django_pgqueue import RetryJob, enqueue, job
+from django_pgqueue import RetryJob, enqueue, enqueue_many, job
 from django_pgqueue.models import Job, JobStatus, WorkerRecord
 from django_pgqueue.worker import queries, slots
+from tests.testapp.models import Execution
 from tests.workers import wait_for, worker_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -171,6 +172,20 @@ def test_a_light_load_runs_on_one_slot_and_its_connection():
         # The main loop's, the listener's, the heartbeat's, and one slot's.
         assert worker_backends(before) == 4
         assert worker.stats["completed"] == 8
+
+
+def test_jobs_submitted_together_to_idle_slots_run_on_every_slot_at_once():
+    # Idle slots are woken one at a time, each waking the next while jobs are left:
+    # none may be left asleep while jobs wait for it.
+    with worker_thread(poll_interval=POLL, concurrency=4) as worker:
+        time.sleep(0.3)  # every slot idle
+        jobs = enqueue_many([{"job_type": "tests.record", "data": {"sleep": 1.0}}] * 4)
+        wait_for(lambda: all(finished(job_) for job_ in jobs), timeout=10)
+        assert worker.stats["completed"] == 4
+    runs = Execution.objects.filter(job_id__in=[job_.id for job_ in jobs])
+    latest_start = max(run.started_at for run in runs)
+    earliest_end = min(run.finished_at for run in runs)
+    assert latest_start < earliest_end  # all four were running at that moment
 
 
 @pytest.fixture
