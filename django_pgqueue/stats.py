@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.db import connections, models, transaction
@@ -43,6 +43,7 @@ from django.utils.translation import gettext_lazy as _
 from . import conf
 from .due import DUE, NOT_YET_DUE
 from .horizon import HorizonHolder, read_holder
+from .liveness import LEADER, LIVE
 from .models import Job, LimitScope, RateLimitScope, WorkerRecord
 from .rates import Rate
 from .schema import FINISHED, IN_FLIGHT, JobStatus, status_in
@@ -265,6 +266,9 @@ class WorkerStats:
     stopped_at: datetime | None
     #: A :class:`WorkerState`: ``"alive"``, ``"not responding"`` or ``"stopped"``.
     state: WorkerState
+    #: Whether it leads: the live worker with the lowest id, which alone recovers,
+    #: prunes, writes the rollups, enqueues periodic jobs and wakes idle workers.
+    leads: bool = False
 
     @property
     def alive(self) -> bool:
@@ -395,7 +399,7 @@ def snapshot(*, using: str | None = None, totals: bool = False) -> Snapshot:
         for name, jobs, seconds in cursor.fetchall():
             queues[name]["rate_limit"] = str(Rate(jobs, seconds))
 
-        workers = _workers(alias, taken_at, held_by_worker)
+        workers = _workers(alias, cursor, held_by_worker)
         holder = read_holder(cursor)
 
     for worker in workers:
@@ -430,12 +434,28 @@ def worker(worker_id: str, *, using: str | None = None) -> tuple[WorkerStats, da
         if record is None:
             return None
         held = Job.objects.using(alias).filter(worker_id=worker_id, status__in=IN_FLIGHT).count()
-    return _worker_stats(record, taken_at, held), taken_at
+        live, leads = _liveness(cursor).get(worker_id, (False, False))
+    return _worker_stats(record, held, live, leads), taken_at
 
 
-def _workers(alias: str, now: datetime, held: dict[str, int]) -> list[WorkerStats]:
+def _liveness(cursor: Any) -> dict[str, tuple[bool, bool]]:
+    """Whether each worker is live and whether it leads (liveness.py), by the clock of
+    the transaction of ``cursor``."""
+    cursor.execute(
+        f"SELECT worker_id, {LIVE}, worker_id = {LEADER} FROM pgqueue_workers",
+        {"stale_after": conf.get_settings().STALE_AFTER},
+    )
+    return {worker_id: (live, bool(leads)) for worker_id, live, leads in cursor.fetchall()}
+
+
+def _workers(alias: str, cursor: Any, held: dict[str, int]) -> list[WorkerStats]:
+    liveness = _liveness(cursor)
     workers = [
-        _worker_stats(record, now, held.get(record.worker_id, 0))
+        _worker_stats(
+            record,
+            held.get(record.worker_id, 0),
+            *liveness.get(record.worker_id, (False, False)),
+        )
         for record in WorkerRecord.objects.using(alias).order_by("-heartbeat_at", "worker_id")
     ]
     order = list(WorkerState)
@@ -443,11 +463,11 @@ def _workers(alias: str, now: datetime, held: dict[str, int]) -> list[WorkerStat
     return workers
 
 
-def _worker_stats(record: WorkerRecord, now: datetime, held: int) -> WorkerStats:
-    """The worker of ``record``, holding ``held`` jobs, its state judged at ``now``."""
+def _worker_stats(record: WorkerRecord, held: int, live: bool, leads: bool) -> WorkerStats:
+    """The worker of ``record``, holding ``held`` jobs, live or not and leading or not."""
     if record.stopped_at is not None:
         state = WorkerState.STOPPED
-    elif now - record.heartbeat_at > timedelta(seconds=conf.get_settings().STALE_AFTER):
+    elif not live:
         state = WorkerState.NOT_RESPONDING
     else:
         state = WorkerState.ALIVE
@@ -463,4 +483,5 @@ def _worker_stats(record: WorkerRecord, now: datetime, held: int) -> WorkerStats
         heartbeat_at=record.heartbeat_at,
         stopped_at=record.stopped_at,
         state=state,
+        leads=leads,
     )

@@ -93,6 +93,26 @@ def test_a_silent_worker_is_shown_as_not_responding(admin_client, mail_worker):
     assert "None." in page.content.decode()  # it holds no job
 
 
+def test_the_worker_that_leads_is_named_on_its_page_and_the_overview(admin_client, mail_worker):
+    WorkerRecord.objects.create(
+        worker_id="zz-other:1:a", hostname="web-2", pid=1, concurrency=1
+    )  # live, a higher id: it follows
+
+    leader = admin_client.get(worker_url(WORKER_ID))
+    follower = admin_client.get(worker_url("zz-other:1:a"))
+    overview = admin_client.get(reverse(OVERVIEW))
+
+    assert leader.context["worker"]["leads"] and not follower.context["worker"]["leads"]
+    assert "alive, leads (recovers, prunes" in leader.content.decode()
+    assert (
+        "leads"
+        not in follower.content.decode().split('id="pgqueue-worker"')[1].split("</table>")[0]
+    )
+    rows = {row["record"].worker_id: row["leads"] for row in overview.context["workers"]}
+    assert rows == {WORKER_ID: True, "zz-other:1:a": False}
+    assert "alive, leads</td>" in overview.content.decode()
+
+
 def test_an_unknown_worker_is_a_page_that_says_so(admin_client):
     page = admin_client.get(worker_url("gone:1:zzz"))
 

@@ -7,8 +7,9 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from django_pgqueue import stats
+from django_pgqueue import conf, stats
 from django_pgqueue.models import ConcurrencyLimit, QueueState, WorkerRecord
+from django_pgqueue.worker import queries
 
 pytestmark = pytest.mark.django_db
 
@@ -168,6 +169,44 @@ def test_workers_with_their_state_and_the_jobs_they_hold(make_job):
     queues = by_name(snapshot)
     assert queues["reports"].pending == 0
     assert "archive" not in queues
+
+
+def beat_says_it_leads(worker_id: str) -> bool:
+    """What the worker's own heartbeat statement answers: whether it leads."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            queries.WORKER_BEAT,
+            {"worker": worker_id, "stale_after": conf.get_settings().STALE_AFTER},
+        )
+        return bool(cursor.fetchone()[0])
+
+
+def test_the_snapshot_names_the_worker_that_its_heartbeat_says_leads():
+    # The live worker with the lowest id leads; the snapshot and the beat read one rule
+    # (liveness.py). "a-stopped" and "b-silent" have lower ids but are not live.
+    now = timezone.now()
+    common = {"hostname": "h", "pid": 1, "concurrency": 1}
+    WorkerRecord.objects.create(worker_id="a-stopped", stopped_at=now, **common)
+    stale = now - timedelta(seconds=conf.get_settings().STALE_AFTER + 5)
+    WorkerRecord.objects.create(worker_id="b-silent", heartbeat_at=stale, **common)
+    WorkerRecord.objects.create(worker_id="c-live", **common)
+    WorkerRecord.objects.create(worker_id="d-live", **common)
+
+    workers = {worker.worker_id: worker for worker in stats.snapshot().workers}
+
+    assert {name: (w.state, w.leads) for name, w in workers.items()} == {
+        "a-stopped": ("stopped", False),
+        "b-silent": ("not responding", False),
+        "c-live": ("alive", True),
+        "d-live": ("alive", False),
+    }
+    assert stats.worker("c-live")[0].leads and not stats.worker("d-live")[0].leads
+    assert beat_says_it_leads("d-live") is False
+    assert beat_says_it_leads("c-live") is True
+    # Once "c-live" stops, "d-live" leads, in both readings.
+    WorkerRecord.objects.filter(worker_id="c-live").update(stopped_at=now)
+    assert [w.worker_id for w in stats.snapshot().workers if w.leads] == ["d-live"]
+    assert beat_says_it_leads("d-live") is True
 
 
 def test_snapshot_as_dict_is_plain_json_data(make_job):

@@ -270,6 +270,9 @@ def worker_row(worker: WorkerStats, taken_at: datetime) -> dict[str, Any]:
     return {
         "record": worker,
         "state": WorkerState(worker.state).label,
+        # The leader alone recovers, prunes, writes the rollups and enqueues periodic
+        # jobs: the worker to look at when that work stops.
+        "leads": worker.leads,
         "held": worker.running,
         "last_seen": short_duration(taken_at - worker.heartbeat_at),
         "heartbeat_at": display_datetime(worker.heartbeat_at),

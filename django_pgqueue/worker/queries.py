@@ -4,6 +4,7 @@ worker can only change jobs it still holds (recovery may have taken a job back).
 from __future__ import annotations
 
 from ..due import CLAIM_ORDER, DUE
+from ..liveness import LEADER
 from ..schema import IN_FLIGHT, JobStatus, literal, status_in
 
 _COMPLETED = literal(JobStatus.COMPLETED)
@@ -164,21 +165,17 @@ ON CONFLICT (worker_id) DO UPDATE
        started_at = now(), heartbeat_at = now(), stopped_at = NULL
 """
 
-# A worker's beat, one statement: its row's heartbeat, whether it leads (the live worker
-# with the lowest id, live as the admin's WorkerState.ALIVE: not stopped, beaten within
-# STALE_AFTER), whether any rate limit exists, and whether any concurrency limit does
-# (room a finished job frees announces nothing: idle workers then poll). The leader
-# alone recovers, prunes, writes the rollups, enqueues the periodic jobs and wakes idle
-# workers (WAKE_DUE_QUEUES).
-WORKER_BEAT = """
+# A worker's beat, one statement: its row's heartbeat, whether it leads (liveness.py:
+# no live worker has a lower id; the statement's snapshot predates its own beat, so a
+# worker whose last beat is stale may still lead), whether any rate limit exists, and
+# whether any concurrency limit does (room a finished job frees announces nothing: idle
+# workers then poll). The leader alone recovers, prunes, writes the rollups, enqueues
+# the periodic jobs and wakes idle workers (WAKE_DUE_QUEUES).
+WORKER_BEAT = f"""
 WITH beat AS (
     UPDATE pgqueue_workers SET heartbeat_at = now() WHERE worker_id = %(worker)s RETURNING 1
 )
-SELECT EXISTS (SELECT FROM beat)
-       AND NOT EXISTS (
-           SELECT FROM pgqueue_workers
-            WHERE worker_id < %(worker)s AND stopped_at IS NULL
-              AND heartbeat_at > now() - %(stale_after)s * interval '1 second'),
+SELECT EXISTS (SELECT FROM beat) AND coalesce({LEADER} >= %(worker)s, true),
        EXISTS (SELECT FROM pgqueue_rate_limits),
        EXISTS (SELECT FROM pgqueue_limits WHERE max_running IS NOT NULL)
 """

@@ -244,7 +244,8 @@ def render(shot: Snapshot, *, failed_total: bool = False) -> RenderableType:
             str(worker.concurrency),
             str(worker.running),
             _duration((shot.taken_at - worker.heartbeat_at).total_seconds()) + " ago",
-            f"[{styles[worker.state]}]{worker.state}[/{styles[worker.state]}]",
+            f"[{styles[worker.state]}]{worker.state}[/{styles[worker.state]}]"
+            + (", leads" if worker.leads else ""),
         )
     hidden = len(shot.workers) - WORKERS_SHOWN
     if hidden > 0:
