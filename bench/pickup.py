@@ -24,7 +24,7 @@ duration and of the whole. Then, with the worker stopped, the floor: how long af
 same enqueues a bare psycopg connection that LISTENs hears them (the notification's
 delivery alone).
 
-``--busy F`` enqueues no-op jobs beside the probes, in small transactions from a thread
+``--busy F`` enqueues no-op jobs beside the probes, a transaction about every 5 ms from a thread
 of this process, at ``F`` times the rate this worker drains (measured first, with a
 burst drain): W4 "with the worker busy".
 
@@ -213,7 +213,7 @@ def busy_load(rate: float, stop: threading.Event) -> None:
     """Enqueue no-op jobs at ``rate`` a second in small transactions until ``stop``."""
     from django_pgqueue import enqueue_many
 
-    per_batch = max(int(rate / 50), 1)
+    per_batch = max(int(rate / 200), 1)  # a transaction every 5 ms or so
     interval = per_batch / rate
     next_at = time.monotonic()
     while not stop.is_set():
