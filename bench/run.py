@@ -220,6 +220,9 @@ class SystemSpec:
     #: W7's layouts, one worker process each, at its best settings for I/O-bound jobs
     #: (none: W7 is in ``unsupported``).
     w7_layouts: dict[str, str] = field(default_factory=dict)
+    #: The Python its virtualenv needs ("3.12": pyenv's build, else python3.12 on the PATH),
+    #: when this interpreter is too old for it; empty: this interpreter.
+    python: str = ""
 
 
 SYSTEMS = [
@@ -267,6 +270,31 @@ SYSTEMS = [
             "`defer_async` (W1), `batch_defer_async` in chunks of 5,000 (W2), "
             "`run_worker_async(wait=False)` (W3, W5, W6), `RetryStrategy(max_attempts=3)`.",
         ),
+    ),
+    SystemSpec(
+        "oban",
+        "oban (Python)",
+        "bench.systems.harness_oban",
+        ("oban==0.7.0",),
+        "oban",
+        {"1x4": '1 process, `queues={"default": 4}` (async workers)'},
+        unsupported={
+            "W7": "n/a: not measured yet",
+            "W8": "n/a: workflows are in Oban Pro, not in oban",
+            "W9": "n/a: global and partitioned limits are in Oban Pro, not in oban",
+            "W10": "n/a: rate limits are in Oban Pro, not in oban",
+            "W11": "n/a: rate limits are in Oban Pro, not in oban",
+            "W12": NO_PROCESS_ISOLATION,
+            "W13": OURS_ONLY,
+        },
+        notes=(
+            "Python 3.12 (it requires it); `Oban.enqueue` (W1), `enqueue_many` in chunks of "
+            '5,000 (W2); a worker process runs `Oban(pool=..., queues={"default": 4})` '
+            "with its defaults on a pool of 6 connections, stopped once no job is left "
+            "(it has no burst mode; W3, W5, W6); W6's `backoff` is 0 s, its stager makes a "
+            "retryable job available within a second.",
+        ),
+        python="3.12",
     ),
     SystemSpec(
         "pgqueuer",
@@ -477,6 +505,21 @@ def drop_database(admin_url: str, url: str) -> None:
 # -- systems ----------------------------------------------------------------------------
 
 
+def base_python(version: str) -> str:
+    """An interpreter of Python ``version`` ("3.12") or later: this one when it is
+    recent enough, else pyenv's build of that version, else pythonX.Y on the PATH."""
+    if not version or sys.version_info[:2] >= tuple(int(part) for part in version.split(".")):
+        return sys.executable
+    # pyenv's own builds first: its shims on the PATH may name a version not selected.
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    for candidate in sorted(pyenv.glob(f"{version}.*/bin/python"), reverse=True):
+        return str(candidate)
+    found = shutil.which(f"python{version}")
+    if found:
+        return found
+    raise Unavailable(f"needs Python {version}, found neither pyenv's nor python{version}")
+
+
 def ensure_venv(spec: SystemSpec, venv_dir: Path) -> str:
     """Return the interpreter for ``spec``, creating its virtualenv when needed."""
     if not spec.requirements:
@@ -491,7 +534,9 @@ def ensure_venv(spec: SystemSpec, venv_dir: Path) -> str:
     try:
         if not python.exists():
             subprocess.run(
-                [sys.executable, "-m", "venv", str(path)], check=True, capture_output=True
+                [base_python(spec.python), "-m", "venv", str(path)],
+                check=True,
+                capture_output=True,
             )
         subprocess.run(
             [
