@@ -297,6 +297,31 @@ SYSTEMS = [
         python="3.12",
     ),
     SystemSpec(
+        "chancy",
+        "Chancy",
+        "bench.systems.harness_chancy",
+        ("chancy==0.26.0",),
+        "chancy",
+        {"1x4": "1 process, a queue of `concurrency=4` on its asyncio executor"},
+        unsupported={
+            "W6": "n/a: not measured yet",
+            "W7": "n/a: not measured yet",
+            "W8": "n/a: not measured yet (its workflows are a plugin)",
+            "W9": "n/a: not measured yet",
+            "W10": "n/a: not measured yet (its queues take a global rate limit)",
+            "W11": "n/a: no per-key rate limit",
+            "W12": "n/a: not measured yet (its process executor runs every job of a queue)",
+            "W13": OURS_ONLY,
+        },
+        notes=(
+            "`push` (W1), `push_many` in chunks of 5,000 (W2); a worker process is a "
+            "`Worker` with its default plugins, its queue declared with "
+            "`executor=Chancy.Executor.Async`, `concurrency=4`, `polling_interval=1` and "
+            "`eager_polling=True`, notifications on; stopped once no job is left (it has "
+            "no burst mode; W3, W5).",
+        ),
+    ),
+    SystemSpec(
         "pgqueuer",
         "PgQueuer",
         "bench.systems.harness_pgqueuer",

@@ -192,24 +192,29 @@ async def fill_finished(args: Any) -> dict[str, Any]:
     return {"rows": args.rows, "seconds": time.perf_counter() - began}
 
 
-async def _left(pool: AsyncConnectionPool) -> int:
-    async with pool.connection() as conn:
-        cursor = await conn.execute(
-            f"SELECT count(*) FROM {TABLE} "
-            "WHERE state IN ('available', 'scheduled', 'retryable', 'executing')"
-        )
-        row = await cursor.fetchone()
-        return int(row[0]) if row else 0
+async def _left(conn: Any) -> int:
+    cursor = await conn.execute(
+        f"SELECT count(*) FROM {TABLE} "
+        "WHERE state IN ('available', 'scheduled', 'retryable', 'executing')"
+    )
+    row = await cursor.fetchone()
+    return int(row[0]) if row else 0
 
 
 async def _run_worker(args: Any) -> None:
-    # A connection per slot, one for the notifier's LISTEN, one for the rest.
+    import psycopg
+
+    # A connection per slot, one for the notifier's LISTEN, one for the rest; and the
+    # burst's own, to look whether jobs are left.
     pool = await _pool(args.dsn, args.slots + 2)
     try:
-        async with Oban(pool=pool, queues={"default": args.slots}):
+        async with (
+            Oban(pool=pool, queues={"default": args.slots}),
+            await psycopg.AsyncConnection.connect(args.dsn, autocommit=True) as conn,
+        ):
             if not args.burst:
                 await asyncio.Event().wait()  # until cancelled (SIGTERM)
-            while await _left(pool):
+            while await _left(conn):
                 await asyncio.sleep(BURST_CHECK_SECONDS)
     finally:
         await pool.close()
