@@ -12,6 +12,8 @@ start and end times, so that a drain is timed from the moment every worker is re
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -19,7 +21,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,6 +129,22 @@ def worker_entry(run: Callable[[], None], setup: Callable[[], None] | None = Non
     run()
     end, cpu = time.time(), time.process_time() - cpu
     print(json.dumps({"start": start, "end": end, "cpu": cpu}), flush=True)
+
+
+def async_worker_entry(work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """``worker_entry`` for an asyncio worker: run ``work()`` on an event loop of its
+    own, SIGTERM cancelling it (how non-burst workers are stopped)."""
+
+    def run() -> None:
+        async def main() -> None:
+            task = asyncio.ensure_future(work())
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+        asyncio.run(main())
+
+    worker_entry(run)
 
 
 @dataclass

@@ -15,10 +15,8 @@ outcomes of a second together).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import signal
 import sys
 import time
 from typing import Any
@@ -201,16 +199,7 @@ async def _run_worker(args: Any) -> None:
 
 
 def worker(args: Any) -> None:
-    def run() -> None:
-        async def main() -> None:
-            task = asyncio.ensure_future(_run_worker(args))
-            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-        asyncio.run(main())
-
-    common.worker_entry(run)
+    common.async_worker_entry(lambda: _run_worker(args))
 
 
 COMMANDS = {

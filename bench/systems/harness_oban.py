@@ -13,9 +13,7 @@ available again by the stager, every second).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import signal
 import sys
 import time
 from typing import Any
@@ -221,16 +219,7 @@ async def _run_worker(args: Any) -> None:
 
 
 def worker(args: Any) -> None:
-    def run() -> None:
-        async def main() -> None:
-            task = asyncio.ensure_future(_run_worker(args))
-            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-        asyncio.run(main())
-
-    common.worker_entry(run)
+    common.async_worker_entry(lambda: _run_worker(args))
 
 
 COMMANDS = {
