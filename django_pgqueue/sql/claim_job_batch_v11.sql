@@ -8,7 +8,8 @@
 -- idle (1.5 ms a claim against 1.1 ms with a cached plan, bench/pickup.py). Without
 -- filters the arguments change nothing a plan could use, so it now runs on its cached
 -- generic plan (force_generic_plan, set for the statement alone: the function's own
--- SET clause restores the setting when it returns).
+-- SET clause restores the setting when it returns). It is the filtered claim's
+-- statement: in the generic plan the filters' NULL tests pass at once.
 --
 -- A generic plan cannot know how many rows the walk returns: the claimed rows are
 -- found by their ctids as an array (ctid = ANY, a TID scan whatever the estimate)
@@ -98,36 +99,13 @@ BEGIN
     -- No limit of any kind: one statement walks and claims, the rows it locked updated
     -- by their ctid (no array of candidates, no second look-up of each row by id). Of
     -- the jobs lost with their worker, one, if the worker holds none: both subqueries
-    -- run only once the walk found such a job.
+    -- run only once the walk found such a job. A claim that filters nothing runs on
+    -- the statement's cached generic plan (its filters' NULL tests are then checks
+    -- that pass at once); a filtered one is planned for its arguments.
     IF NOT v_limited AND NOT v_rated THEN
         IF p_queues IS NULL AND p_job_types IS NULL AND p_skip_job_types IS NULL
            AND v_paused IS NULL THEN
             PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
-            RETURN QUERY
-            WITH due AS (
-                SELECT ctid, lost_with_worker AS lost
-                  FROM pgqueue_jobs
-                 WHERE status = 'pending' AND NOT held AND run_at <= now()
-                 ORDER BY priority DESC, run_at, created_at
-                 LIMIT p_batch_size
-                 FOR UPDATE SKIP LOCKED
-            )
-            UPDATE pgqueue_jobs AS jobs
-               SET status = CASE WHEN p_start THEN 'running' ELSE 'claimed' END,
-                   worker_id = p_worker_id,
-                   claimed_at = now(),
-                   started_at = CASE WHEN p_start THEN now() ELSE jobs.started_at END,
-                   heartbeat_at = now(),
-                   attempts = jobs.attempts + 1,
-                   worker_ids = jobs.worker_ids || to_jsonb(p_worker_id)
-             WHERE jobs.ctid = ANY (ARRAY(
-                    SELECT due.ctid FROM due
-                     WHERE NOT due.lost
-                        OR due.ctid = (SELECT first.ctid FROM due AS first
-                                        WHERE first.lost LIMIT 1)
-                           AND NOT pgqueue_holds_lost_job(p_worker_id)))
-            RETURNING jobs.*;
-            RETURN;
         END IF;
         RETURN QUERY
         WITH due AS (
