@@ -452,6 +452,12 @@ def harness_main(
     emit(run(commands[args.command](args)))
 
 
+def sample_pause(i: int) -> float:
+    """Seconds the worker is left idle after latency sample ``i`` (W4): a short,
+    varying while, so that samples do not fall in step with a worker's timers."""
+    return 0.02 + (i % 7) * 0.005
+
+
 def latency_samples(
     enqueue_one: Callable[[int], None], receiver: ProbeReceiver, samples: int
 ) -> list[float]:
@@ -466,5 +472,5 @@ def latency_samples(
         committed = time.monotonic()
         started = receiver.wait(i)
         latencies.append(started - committed)
-        time.sleep(0.02 + (i % 7) * 0.005)
+        time.sleep(sample_pause(i))
     return latencies

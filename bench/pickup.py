@@ -58,6 +58,8 @@ import django  # noqa: E402
 
 django.setup()
 
+from bench.common import sample_pause  # noqa: E402
+
 #: The hops, in the order a job passes them; the handler's is the probe's own message.
 HOPS = ("heard", "woke", "claimed", "handed", "slot", "call", "handler")
 #: Seconds the worker is left alone after it starts (its first beats, the first tick).
@@ -199,7 +201,7 @@ def floor_latencies(samples: int) -> list[float]:
             committed = time.monotonic()
             for _ in listening.notifies(timeout=5.0, stop_after=1):
                 latencies.append(time.monotonic() - committed)
-            time.sleep(0.02 + (i % 7) * 0.005)
+            time.sleep(sample_pause(i))
     return latencies
 
 
@@ -273,7 +275,7 @@ def main() -> None:
             committed = time.monotonic()
             seen = events.until_handler(i)
             timelines.append({hop: moment - committed for hop, moment in seen.items()})
-            time.sleep(0.02 + (i % 7) * 0.005)
+            time.sleep(sample_pause(i))
     finally:
         stop_load.set()
         worker.terminate()

@@ -151,7 +151,7 @@ async def latency(args: Any) -> dict[str, Any]:
                 committed = time.monotonic()
                 started = await asyncio.to_thread(receiver.wait, i)
                 samples.append(started - committed)
-                await asyncio.sleep(0.02 + (i % 7) * 0.005)
+                await asyncio.sleep(common.sample_pause(i))
     finally:
         group.terminate()
         receiver.close()
