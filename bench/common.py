@@ -114,6 +114,17 @@ class ProbeReceiver:
 # -- worker processes ----------------------------------------------------------------
 
 
+def cost_mark(name: str) -> None:
+    """Let bench/cost.py read the database's counters at this point of a drain: with
+    ``BENCH_COST_MARKS`` set, say ``cost-mark NAME`` on standard output and wait for its
+    answer on standard input. ``start``: worker processes are about to start; ``go``:
+    they are ready; ``end``: every one exited."""
+    if not os.environ.get("BENCH_COST_MARKS"):
+        return
+    print(f"cost-mark {name}", flush=True)
+    sys.stdin.readline()
+
+
 def worker_entry(run: Callable[[], None], setup: Callable[[], None] | None = None) -> None:
     """The body of a worker process: set up, say ``ready``, wait for ``go``, run, report.
 
@@ -158,6 +169,7 @@ class WorkerGroup:
 
     @classmethod
     def start(cls, commands: Sequence[Sequence[str]], env: dict[str, str] | None = None):
+        cost_mark("start")
         processes = [
             subprocess.Popen(
                 list(command),
@@ -193,6 +205,7 @@ class WorkerGroup:
         raise RuntimeError("worker was not ready in time")
 
     def go(self) -> None:
+        cost_mark("go")
         for process in self.processes:
             assert process.stdin is not None
             process.stdin.write("go\n")
@@ -215,6 +228,7 @@ class WorkerGroup:
         except BaseException:
             self.kill()
             raise
+        cost_mark("end")
         return min(starts), max(ends)
 
     def terminate(self, timeout: float = 30.0) -> None:

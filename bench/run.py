@@ -664,8 +664,8 @@ def pgbench_binary() -> str:
     raise Unavailable("pgbench not found (it ships with the PostgreSQL server packages)")
 
 
-def run_pgbench(binary: str, dsn: str, jobs: int, batch: int) -> dict[str, Any]:
-    """Claim-and-complete ``jobs`` pre-filled rows with pgbench; return the job rate."""
+def fill_pgbench_jobs(dsn: str, jobs: int) -> None:
+    """An empty ``pgqueue_jobs`` filled with ``jobs`` due no-op jobs, analysed."""
     with _connect(dsn) as conn:
         conn.execute("TRUNCATE pgqueue_jobs CASCADE")
         conn.execute(
@@ -675,6 +675,11 @@ def run_pgbench(binary: str, dsn: str, jobs: int, batch: int) -> dict[str, Any]:
             [jobs],
         )
         conn.execute("ANALYZE pgqueue_jobs")  # as the harnesses do before a drain
+
+
+def pgbench_drain(binary: str, dsn: str, jobs: int, batch: int) -> float:
+    """Claim and complete the ``jobs`` rows :func:`fill_pgbench_jobs` left, with
+    ``PGBENCH_CLIENTS`` clients claiming ``batch`` a round; return the seconds taken."""
     per_client = math.ceil(jobs / (PGBENCH_CLIENTS * batch))
     command = [
         binary,
@@ -702,7 +707,13 @@ def run_pgbench(binary: str, dsn: str, jobs: int, batch: int) -> dict[str, Any]:
         completed = done.fetchone()[0]
     if completed != jobs:
         raise HarnessError(f"pgbench completed {completed} of {jobs} jobs")
-    seconds = PGBENCH_CLIENTS * per_client / float(match.group(1))
+    return PGBENCH_CLIENTS * per_client / float(match.group(1))
+
+
+def run_pgbench(binary: str, dsn: str, jobs: int, batch: int) -> dict[str, Any]:
+    """Claim-and-complete ``jobs`` pre-filled rows with pgbench; return the job rate."""
+    fill_pgbench_jobs(dsn, jobs)
+    seconds = pgbench_drain(binary, dsn, jobs, batch)
     return {"jobs": jobs, "seconds": seconds, "rate": jobs / seconds}
 
 

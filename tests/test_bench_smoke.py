@@ -146,6 +146,36 @@ def test_admin_speed_smoke_run_times_every_page(tmp_path: Path) -> None:
     assert report.count("\n| ") == len(pages) + 1  # the header and a row per page
 
 
+def test_cost_smoke_run_measures_each_step_and_the_floor(tmp_path: Path) -> None:
+    result = run_smoke("cost.py", tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "FAILED" not in result.stderr, result.stderr[-3000:]
+
+    steps = json.loads((tmp_path / "cost.json").read_text())["steps"]
+    found = {(s["system"], s["step"], s["layout"]) for s in steps}
+    assert found == {
+        ("pgqueue", "single", ""),
+        ("pgqueue", "bulk", ""),
+        ("pgqueue", "drain", "1x4"),
+        ("pgqueue", "drain", "1x16"),
+        ("floor", "single", ""),
+        ("floor", "bulk", ""),
+        ("floor", "drain", "4 clients, batch 50"),
+    }
+    for step in steps:
+        assert step["wal"] > 0, step
+        if step["step"] == "drain":
+            # Measured from its workers' start: the enqueue before it is left out; each
+            # job is updated twice (claimed, completed).
+            assert step["inserted"] < step["jobs"] <= step["updated"] / 2, step
+            assert step["backends"] >= 1, step
+        else:
+            assert step["inserted"] == step["jobs"] and step["updated"] == 0, step
+    report = (tmp_path / "cost.md").read_text()
+    assert report.count("\n| django-pgqueue ") == 4, report  # single, bulk, two drains
+    assert re.search(r"^- (PASS|MISS) WAL a job at most 1.3x the floor's, drain 1x4", report, re.M)
+
+
 def test_a_baseline_run_reports_each_figure_as_a_ratio_to_it(tmp_path: Path) -> None:
     sys.path.insert(0, str(ROOT))
     from bench import baseline, report
