@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import run as bench  # noqa: E402
-from bench.common import parse_layout  # noqa: E402
+from bench.common import parse_layout, postmaster, server_cpu  # noqa: E402
 
 SERVER_SETTINGS = (
     "shared_preload_libraries=pg_stat_statements",
@@ -96,11 +96,16 @@ class Step:
     hot: int
     deleted: int
     backends: int | None = None
+    #: CPU seconds the server spent (every process of it; None for a server elsewhere).
+    server_cpu: float | None = None
     #: WAL record type -> [records, bytes (full-page images included), of which images].
     records: dict[str, list[int]] = field(default_factory=dict)
 
     def per_job(self, value: int | None) -> float | None:
         return None if value is None else value / self.jobs
+
+    def per_job_cpu(self) -> float:
+        return (self.server_cpu or 0.0) / self.jobs
 
 
 class Meter:
@@ -113,6 +118,8 @@ class Meter:
         self.admin_url = admin_url
         self.waldump = waldump
         self.has_statements = _has_statements(self.admin)
+        self.postmaster = postmaster(self.admin.info.backend_pid)
+        self.cpu: float | None = None
         self.ours = {self.db.info.backend_pid}
         self.ignored: set[int] = set()
         self.before: Counters | None = None
@@ -139,6 +146,7 @@ class Meter:
     def begin(self, sample: bool) -> None:
         self.admin.execute("CHECKPOINT")
         self.before = self._read()
+        self.cpu = server_cpu(self.postmaster)
         if sample:
             self.sampler = BackendSampler(self.admin_url, self.dbname, self.ours | self.ignored)
             self.sampler.start()
@@ -150,6 +158,8 @@ class Meter:
             self.sampler = None
         self._wait_for_exits()
         self.after = self._read()
+        cpu = server_cpu(self.postmaster)
+        self.cpu = None if cpu is None or self.cpu is None else cpu - self.cpu
 
     def result(self, system: str, step: str, layout: str, jobs: int) -> Step:
         """What the step between :meth:`begin` and :meth:`stop` cost."""
@@ -176,6 +186,7 @@ class Meter:
             hot=delta("hot"),
             deleted=delta("deleted"),
             backends=self.backends,
+            server_cpu=self.cpu,
         )
         if self.waldump is not None:
             result.records = wal_records(self.waldump, self._wal_dir(), before, after)
@@ -451,7 +462,9 @@ def markdown(steps: Sequence[Step], labels: dict[str, str], meta: dict[str, Any]
         "COMMIT included), then with those run inside functions. *Row versions*: rows "
         "inserted plus rows updated (each update writes a new version); *HOT*: the share "
         "of updates that were heap-only (no index entry). *Backends*: the most client "
-        "connections the workers held at once (drains only).",
+        "connections the workers held at once (drains only). *Server CPU*: every process "
+        "of the server (`/proc`; n/a for a server elsewhere), checkpoints and the "
+        "WAL writer included: a noisy figure, unlike the others.",
     ]
     floor = {s.step: s for s in steps if s.system == FLOOR}
     for step, title in STEPS.items():
@@ -464,8 +477,8 @@ def markdown(steps: Sequence[Step], labels: dict[str, str], meta: dict[str, Any]
             f"## {title}",
             "",
             "| system | layout | WAL (B) | vs floor | vs best peer | statements | with nested "
-            "| transactions | row versions | HOT | deletes | backends |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| transactions | row versions | HOT | deletes | backends | server CPU (µs) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for s in rows:
             hot = None if not s.updated else 100 * s.hot / s.updated
@@ -479,7 +492,8 @@ def markdown(steps: Sequence[Step], labels: dict[str, str], meta: dict[str, Any]
                 f"| {_num(s.per_job(s.inserted + s.updated))} "
                 f"| {'n/a' if hot is None else f'{hot:.0f} %'} "
                 f"| {_num(s.per_job(s.deleted))} "
-                f"| {'-' if s.backends is None else s.backends} |"
+                f"| {'-' if s.backends is None else s.backends} "
+                f"| {_num(None if s.server_cpu is None else 1e6 * s.per_job_cpu(), 1)} |"
             )
     dumped = [s for s in steps if s.records]
     if dumped:
