@@ -81,9 +81,9 @@ def test_migrating_to_zero_and_back_removes_and_restores_the_schema():
         assert cursor.fetchone() == (1,)
 
 
-def jobs_table_options() -> dict[str, str]:
+def jobs_table_options(relation: str = "pgqueue_jobs") -> dict[str, str]:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT reloptions FROM pg_class WHERE oid = 'pgqueue_jobs'::regclass")
+        cursor.execute("SELECT reloptions FROM pg_class WHERE oid = %s::regclass", [relation])
         (options,) = cursor.fetchone()
     return dict(option.split("=", 1) for option in options or [])
 
@@ -96,7 +96,7 @@ def test_the_jobs_table_is_vacuumed_after_one_percent_of_dead_rows_and_back_to_d
         "autovacuum_analyze_scale_factor": "0.02",
         "autovacuum_analyze_threshold": "1000",
     }
-    assert jobs_table_options() == autovacuum
+    assert jobs_table_options() == {**autovacuum, "fillfactor": "70"}
 
     call_command("migrate", "django_pgqueue", "0006", verbosity=0)
     try:
@@ -104,7 +104,20 @@ def test_the_jobs_table_is_vacuumed_after_one_percent_of_dead_rows_and_back_to_d
     finally:
         call_command("migrate", "django_pgqueue", verbosity=0)
 
-    assert jobs_table_options() == autovacuum
+    assert jobs_table_options() == {**autovacuum, "fillfactor": "70"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_job_rows_leave_room_on_their_page_for_their_next_versions():
+    assert jobs_table_options()["fillfactor"] == "70"
+
+    call_command("migrate", "django_pgqueue", "0042", verbosity=0)
+    try:
+        assert "fillfactor" not in jobs_table_options()
+    finally:
+        call_command("migrate", "django_pgqueue", verbosity=0)
+
+    assert jobs_table_options()["fillfactor"] == "70"
 
 
 def test_every_sql_file_is_installed_by_exactly_one_migration():
