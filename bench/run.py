@@ -322,6 +322,32 @@ SYSTEMS = [
         ),
     ),
     SystemSpec(
+        "dbos",
+        "DBOS",
+        "bench.systems.harness_dbos",
+        ("dbos==3.4.0",),
+        "dbos",
+        {"1x4": "1 process, a queue of `worker_concurrency=4` polled every 10 ms (threads)"},
+        unsupported={
+            "W6": "n/a: not measured yet",
+            "W7": "n/a: not measured yet",
+            "W8": "n/a: not measured yet (its workflows are durable functions, not graphs)",
+            "W9": "n/a: not measured yet (its partitioned queues limit a key)",
+            "W10": "n/a: not measured yet (its queues take a limiter)",
+            "W11": "n/a: not measured yet (its partitioned queues take a limiter a key)",
+            "W12": NO_PROCESS_ISOLATION,
+            "W13": OURS_ONLY,
+        },
+        notes=(
+            "A job is a workflow on a queue. `DBOSClient.enqueue` (W1), "
+            "`enqueue_in_transaction` 5,000 to a transaction (W2), both from a process "
+            "that runs no worker; a worker process launches DBOS with "
+            "`Queue(worker_concurrency=4, polling_interval_sec=0.01)` (it dequeues by "
+            "polling), its own `executor_id`, logs at errors only; stopped once no job is "
+            "left (it has no burst mode; W3, W5).",
+        ),
+    ),
+    SystemSpec(
         "pgqueuer",
         "PgQueuer",
         "bench.systems.harness_pgqueuer",
