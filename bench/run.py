@@ -348,6 +348,33 @@ SYSTEMS = [
         ),
     ),
     SystemSpec(
+        "django-absurd",
+        "django-absurd",
+        "bench.systems.harness_django_absurd",
+        ("django-absurd==1.0.1", "psycopg[binary]"),
+        "django-absurd",
+        {"1x4": "1 process, `absurd_worker --concurrency 4 --poll-interval 0.01` (threads)"},
+        unsupported={
+            "W5": "n/a: not measured yet",
+            "W6": "n/a: not measured yet",
+            "W7": "n/a: not measured yet",
+            "W8": "n/a: not measured yet (its workflows are durable steps, not graphs)",
+            "W9": NO_PER_KEY_LIMITS,
+            "W10": NO_RATE_LIMITS,
+            "W11": NO_RATE_LIMITS,
+            "W12": NO_PROCESS_ISOLATION,
+            "W13": OURS_ONLY,
+        },
+        notes=(
+            "Python 3.12 and Django 6 (it requires them); Django Tasks on "
+            "`django_absurd.backends.AbsurdBackend`: `enqueue` (W1), and in a loop of "
+            "5,000 to a transaction (W2: the Tasks API has no bulk enqueue); a worker "
+            "process is `absurd_worker --concurrency 4 --poll-interval 0.01` (it polls; its "
+            "default is 0.25 s), stopped once no task is left (it has no burst mode; W3).",
+        ),
+        python="3.12",
+    ),
+    SystemSpec(
         "pgqueuer",
         "PgQueuer",
         "bench.systems.harness_pgqueuer",
