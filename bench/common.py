@@ -299,6 +299,13 @@ def module_command(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
+def worker_command(module: str, dsn: str, slots: int, burst: bool) -> list[str]:
+    """The command line of one worker process of harness ``module`` (its ``worker``
+    command): ``slots`` slots, stopping once no job is left when ``burst``."""
+    command = module_command(module, "--dsn", dsn, "worker", "--slots", str(slots))
+    return [*command, "--burst"] if burst else command
+
+
 # -- results -------------------------------------------------------------------------
 
 

@@ -324,8 +324,7 @@ def run_harness(system: bench.Prepared, meter: Meter, args: Sequence[str], marke
     """Run one harness command. ``marked``: the step is what lies between its workers'
     ``go`` and ``end`` marks; otherwise the whole command."""
     path = system.spec.harness_path or ROOT
-    env = {**os.environ, **system.env, "PYTHONPATH": str(path), "BENCH_COST_MARKS": "1"}
-    env.pop("DJANGO_SETTINGS_MODULE", None)
+    env = bench.harness_environment(path, {**system.env, "BENCH_COST_MARKS": "1"})
     if not marked:
         meter.ignore_present()
         meter.begin(sample=False)

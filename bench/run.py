@@ -642,6 +642,14 @@ def distribution_version(python: str, distribution: str) -> str:
     return result.stdout.strip()
 
 
+def harness_environment(path: Path, extra: dict[str, str]) -> dict[str, str]:
+    """The environment of a harness process that imports ``bench`` from ``path``:
+    this one's, with ``extra`` added and no Django settings module of ours."""
+    env = {**os.environ, **extra, "PYTHONPATH": str(path)}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    return env
+
+
 def harness(
     python: str,
     module: str,
@@ -656,12 +664,10 @@ def harness(
     ``path``: its working directory and ``PYTHONPATH``, where ``bench`` is imported from;
     ``env``: variables added to its environment.
     """
-    env = {**os.environ, **(env or {}), "PYTHONPATH": str(path)}
-    env.pop("DJANGO_SETTINGS_MODULE", None)
     process = subprocess.Popen(
         [python, "-m", module, "--dsn", dsn, *args],
         cwd=path,
-        env=env,
+        env=harness_environment(path, env or {}),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

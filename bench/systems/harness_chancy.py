@@ -105,11 +105,6 @@ async def enqueue_bulk(args: Any) -> dict[str, Any]:
         return common.rate(args.jobs, time.perf_counter() - began)
 
 
-def _worker_command(args: Any, slots: int, burst: bool) -> list[str]:
-    command = common.module_command(MODULE, "--dsn", args.dsn, "worker", "--slots", str(slots))
-    return [*command, "--burst"] if burst else command
-
-
 async def drain(args: Any) -> dict[str, Any]:
     processes, slots = common.parse_layout(args.layout)
     if args.kind != "noop":
@@ -122,7 +117,9 @@ async def drain(args: Any) -> dict[str, Any]:
         await _enqueue_bulk(chancy, args.jobs, 5000)
     await _sql(args.dsn, f"ANALYZE {TABLE}")  # statistics as autovacuum would leave them
     before = await _succeeded(args.dsn)
-    group = common.WorkerGroup.start([_worker_command(args, slots, True)] * processes)
+    group = common.WorkerGroup.start(
+        [common.worker_command(MODULE, args.dsn, slots, True)] * processes
+    )
     group.go()
     start, end = await asyncio.to_thread(group.wait)
     done = await _succeeded(args.dsn) - before
@@ -140,7 +137,9 @@ async def latency(args: Any) -> dict[str, Any]:
     receiver = common.ProbeReceiver()
     env = {**os.environ, "BENCH_PROBE_PORT": str(receiver.port)}
     _, slots = common.parse_layout(args.layout)
-    group = common.WorkerGroup.start([_worker_command(args, slots, False)], env=env)
+    group = common.WorkerGroup.start(
+        [common.worker_command(MODULE, args.dsn, slots, False)], env=env
+    )
     samples = []
     try:
         group.go()

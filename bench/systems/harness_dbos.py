@@ -135,11 +135,6 @@ def enqueue_bulk(args: Any) -> dict[str, Any]:
         client.destroy()
 
 
-def _worker_command(args: Any, slots: int, burst: bool) -> list[str]:
-    command = common.module_command(MODULE, "--dsn", args.dsn, "worker", "--slots", str(slots))
-    return [*command, "--burst"] if burst else command
-
-
 def drain(args: Any) -> dict[str, Any]:
     processes, slots = common.parse_layout(args.layout)
     if args.kind != "noop":
@@ -155,7 +150,9 @@ def drain(args: Any) -> dict[str, Any]:
         client.destroy()
     _sql(args.dsn, f"ANALYZE {TABLE}")  # statistics as autovacuum would leave them
     before = _succeeded(args.dsn)
-    group = common.WorkerGroup.start([_worker_command(args, slots, True)] * processes)
+    group = common.WorkerGroup.start(
+        [common.worker_command(MODULE, args.dsn, slots, True)] * processes
+    )
     group.go()
     start, end = group.wait()
     done = _succeeded(args.dsn) - before
@@ -174,7 +171,9 @@ def latency(args: Any) -> dict[str, Any]:
     receiver = common.ProbeReceiver()
     env = {**os.environ, "BENCH_PROBE_PORT": str(receiver.port)}
     _, slots = common.parse_layout(args.layout)
-    group = common.WorkerGroup.start([_worker_command(args, slots, False)], env=env)
+    group = common.WorkerGroup.start(
+        [common.worker_command(MODULE, args.dsn, slots, False)], env=env
+    )
     client = _client(args.dsn)
     try:
         group.go()

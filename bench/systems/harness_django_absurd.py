@@ -100,11 +100,6 @@ def enqueue_bulk(args: Any) -> dict[str, Any]:
     return common.rate(args.jobs, time.perf_counter() - began)
 
 
-def _worker_command(args: Any, slots: int, burst: bool) -> list[str]:
-    command = common.module_command(MODULE, "--dsn", args.dsn, "worker", "--slots", str(slots))
-    return [*command, "--burst"] if burst else command
-
-
 def drain(args: Any) -> dict[str, Any]:
     processes, slots = common.parse_layout(args.layout)
     if args.kind != "noop":
@@ -118,7 +113,9 @@ def drain(args: Any) -> dict[str, Any]:
     from django.db import connection
 
     connection.close()
-    group = common.WorkerGroup.start([_worker_command(args, slots, True)] * processes)
+    group = common.WorkerGroup.start(
+        [common.worker_command(MODULE, args.dsn, slots, True)] * processes
+    )
     group.go()
     start, end = group.wait()
     done = _completed() - before
@@ -135,7 +132,9 @@ def latency(args: Any) -> dict[str, Any]:
     receiver = common.ProbeReceiver()
     env = {**os.environ, "BENCH_PROBE_PORT": str(receiver.port)}
     _, slots = common.parse_layout(args.layout)
-    group = common.WorkerGroup.start([_worker_command(args, slots, False)], env=env)
+    group = common.WorkerGroup.start(
+        [common.worker_command(MODULE, args.dsn, slots, False)], env=env
+    )
     try:
         group.go()
         time.sleep(1.0)

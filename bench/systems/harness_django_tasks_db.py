@@ -86,11 +86,6 @@ def enqueue_bulk(args: Any) -> dict[str, Any]:
     return common.rate(args.jobs, time.perf_counter() - began)
 
 
-def _worker_command(args: Any, burst: bool) -> list[str]:
-    command = common.module_command(MODULE, "--dsn", args.dsn, "worker", "--slots", "1")
-    return [*command, "--burst"] if burst else command
-
-
 def drain(args: Any) -> dict[str, Any]:
     processes, slots = common.parse_layout(args.layout)
     if slots != 1:
@@ -107,7 +102,7 @@ def drain(args: Any) -> dict[str, Any]:
     from django.db import connection
 
     connection.close()
-    group = common.WorkerGroup.start([_worker_command(args, True)] * processes)
+    group = common.WorkerGroup.start([common.worker_command(MODULE, args.dsn, 1, True)] * processes)
     group.go()
     start, end = group.wait()
     done = _successful() - before
@@ -123,7 +118,7 @@ def latency(args: Any) -> dict[str, Any]:
     _truncate()
     receiver = common.ProbeReceiver()
     env = {**os.environ, "BENCH_PROBE_PORT": str(receiver.port)}
-    group = common.WorkerGroup.start([_worker_command(args, False)], env=env)
+    group = common.WorkerGroup.start([common.worker_command(MODULE, args.dsn, 1, False)], env=env)
     try:
         group.go()
         time.sleep(1.0)

@@ -115,11 +115,6 @@ async def enqueue_bulk(args: Any) -> dict[str, Any]:
         await pool.close()
 
 
-def _worker_command(args: Any, slots: int, burst: bool) -> list[str]:
-    command = common.module_command(MODULE, "--dsn", args.dsn, "worker", "--slots", str(slots))
-    return [*command, "--burst"] if burst else command
-
-
 async def drain(args: Any) -> dict[str, Any]:
     processes, slots = common.parse_layout(args.layout)
     if args.kind not in WORKERS:
@@ -136,7 +131,9 @@ async def drain(args: Any) -> dict[str, Any]:
         await pool.close()
     await _sql(args.dsn, f"ANALYZE {TABLE}")  # statistics as autovacuum would leave them
     before = await _completed(args.dsn)
-    group = common.WorkerGroup.start([_worker_command(args, slots, True)] * processes)
+    group = common.WorkerGroup.start(
+        [common.worker_command(MODULE, args.dsn, slots, True)] * processes
+    )
     group.go()
     start, end = await asyncio.to_thread(group.wait)
     done = await _completed(args.dsn) - before
@@ -154,7 +151,9 @@ async def latency(args: Any) -> dict[str, Any]:
     receiver = common.ProbeReceiver()
     env = {**os.environ, "BENCH_PROBE_PORT": str(receiver.port)}
     _, slots = common.parse_layout(args.layout)
-    group = common.WorkerGroup.start([_worker_command(args, slots, False)], env=env)
+    group = common.WorkerGroup.start(
+        [common.worker_command(MODULE, args.dsn, slots, False)], env=env
+    )
     samples = []
     pool = await _pool(args.dsn)
     try:

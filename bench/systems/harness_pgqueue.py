@@ -218,11 +218,6 @@ def _bare_insert_each(conn: Any, numbers: range) -> None:
         )
 
 
-def _worker_command(args: Any, slots: int, burst: bool) -> list[str]:
-    command = common.module_command(MODULE, "--dsn", args.dsn, "worker", "--slots", str(slots))
-    return [*command, "--burst"] if burst else command
-
-
 def drain(args: Any) -> dict[str, Any]:
     processes, slots = common.parse_layout(args.layout)
     if not args.keep:
@@ -265,7 +260,9 @@ def drain(args: Any) -> dict[str, Any]:
     from django.db import connection
 
     connection.close()  # idle during the drain: not a server backend to keep busy
-    group = common.WorkerGroup.start([_worker_command(args, slots, True)] * processes)
+    group = common.WorkerGroup.start(
+        [common.worker_command(MODULE, args.dsn, slots, True)] * processes
+    )
     server_before = common.server_cpu(server)
     group.go()
     start, end = group.wait()
@@ -302,7 +299,9 @@ def rate_limit(args: Any) -> dict[str, Any]:
     from django.db import connection
 
     connection.close()
-    group = common.WorkerGroup.start([_worker_command(args, slots, False)] * processes)
+    group = common.WorkerGroup.start(
+        [common.worker_command(MODULE, args.dsn, slots, False)] * processes
+    )
     try:
         group.go()
         time.sleep(args.seconds + 2)
@@ -321,7 +320,9 @@ def latency(args: Any) -> dict[str, Any]:
     receiver = common.ProbeReceiver()
     env = {**os.environ, "BENCH_PROBE_PORT": str(receiver.port)}
     _, slots = common.parse_layout(args.layout)
-    group = common.WorkerGroup.start([_worker_command(args, slots, False)], env=env)
+    group = common.WorkerGroup.start(
+        [common.worker_command(MODULE, args.dsn, slots, False)], env=env
+    )
     try:
         group.go()
         time.sleep(1.0)  # let the worker settle into its idle wait
@@ -346,7 +347,9 @@ def chain_latency(args: Any) -> dict[str, Any]:
     receiver = common.ProbeReceiver()
     env = {**os.environ, "BENCH_PROBE_PORT": str(receiver.port)}
     processes, slots = common.parse_layout(args.layout)
-    group = common.WorkerGroup.start([_worker_command(args, slots, False)] * processes, env=env)
+    group = common.WorkerGroup.start(
+        [common.worker_command(MODULE, args.dsn, slots, False)] * processes, env=env
+    )
     try:
         group.go()
         time.sleep(1.0)  # let the workers settle into their idle wait

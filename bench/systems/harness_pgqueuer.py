@@ -108,11 +108,6 @@ async def enqueue_bulk(args: Any) -> dict[str, Any]:
     return common.rate(args.jobs, elapsed)
 
 
-def _worker_command(args: Any, slots: int, burst: bool) -> list[str]:
-    command = common.module_command(MODULE, "--dsn", args.dsn, "worker", "--slots", str(slots))
-    return [*command, "--burst"] if burst else command
-
-
 async def drain(args: Any) -> dict[str, Any]:
     processes, slots = common.parse_layout(args.layout)
     conn = await _connect(args.dsn)
@@ -123,7 +118,9 @@ async def drain(args: Any) -> dict[str, Any]:
     await _enqueue_bulk(Queries(AsyncpgDriver(conn)), f"bench.{args.kind}", args.jobs, 5000)
     await conn.execute("ANALYZE pgqueuer")  # statistics as autovacuum would leave them
     before = await _successful(conn)
-    group = common.WorkerGroup.start([_worker_command(args, slots, True)] * processes)
+    group = common.WorkerGroup.start(
+        [common.worker_command(MODULE, args.dsn, slots, True)] * processes
+    )
     group.go()
     start, end = await asyncio.to_thread(group.wait)
     done = await _successful(conn) - before
@@ -144,7 +141,9 @@ async def latency(args: Any) -> dict[str, Any]:
     receiver = common.ProbeReceiver()
     env = {**os.environ, "BENCH_PROBE_PORT": str(receiver.port)}
     _, slots = common.parse_layout(args.layout)
-    group = common.WorkerGroup.start([_worker_command(args, slots, False)], env=env)
+    group = common.WorkerGroup.start(
+        [common.worker_command(MODULE, args.dsn, slots, False)], env=env
+    )
     samples = []
     try:
         group.go()
