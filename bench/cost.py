@@ -128,6 +128,9 @@ class Meter:
         self.sampler: BackendSampler | None = None
 
     def close(self) -> None:
+        if self.sampler is not None:  # a step that failed before its end
+            self.sampler.stop()
+            self.sampler = None
         self.admin.close()
         self.db.close()
 
