@@ -104,9 +104,6 @@ class Step:
     def per_job(self, value: int | None) -> float | None:
         return None if value is None else value / self.jobs
 
-    def per_job_cpu(self) -> float:
-        return (self.server_cpu or 0.0) / self.jobs
-
 
 class Meter:
     """Reads the counters of one system's database around a step."""
@@ -119,7 +116,9 @@ class Meter:
         self.waldump = waldump
         self.has_statements = _has_statements(self.admin)
         self.postmaster = postmaster(self.admin.info.backend_pid)
-        self.cpu: float | None = None
+        #: The server's CPU seconds when the step began, and what the step used.
+        self.cpu_at_begin: float | None = None
+        self.cpu_used: float | None = None
         self.ours = {self.db.info.backend_pid}
         self.ignored: set[int] = set()
         self.before: Counters | None = None
@@ -149,7 +148,7 @@ class Meter:
     def begin(self, sample: bool) -> None:
         self.admin.execute("CHECKPOINT")
         self.before = self._read()
-        self.cpu = server_cpu(self.postmaster)
+        self.cpu_at_begin = server_cpu(self.postmaster)
         if sample:
             self.sampler = BackendSampler(self.admin_url, self.dbname, self.ours | self.ignored)
             self.sampler.start()
@@ -162,7 +161,8 @@ class Meter:
         self._wait_for_exits()
         self.after = self._read()
         cpu = server_cpu(self.postmaster)
-        self.cpu = None if cpu is None or self.cpu is None else cpu - self.cpu
+        began = self.cpu_at_begin
+        self.cpu_used = None if cpu is None or began is None else cpu - began
 
     def result(self, system: str, step: str, layout: str, jobs: int) -> Step:
         """What the step between :meth:`begin` and :meth:`stop` cost."""
@@ -189,7 +189,7 @@ class Meter:
             hot=delta("hot"),
             deleted=delta("deleted"),
             backends=self.backends,
-            server_cpu=self.cpu,
+            server_cpu=self.cpu_used,
         )
         if self.waldump is not None:
             result.records = wal_records(self.waldump, self._wal_dir(), before, after)
@@ -271,7 +271,9 @@ RECORD = re.compile(
 )
 
 
-def wal_records(waldump: Path, wal_dir: Path, before: Counters, after: Counters) -> dict:
+def wal_records(
+    waldump: Path, wal_dir: Path, before: Counters, after: Counters
+) -> dict[str, list[int]]:
     """The WAL between two readings by record type (``pg_waldump --stats=record``):
     type -> [records, bytes with full-page images, bytes of images]; empty when the
     files cannot be read here."""
@@ -292,7 +294,7 @@ def wal_records(waldump: Path, wal_dir: Path, before: Counters, after: Counters)
         text=True,
         check=False,
     )
-    records = {}
+    records: dict[str, list[int]] = {}
     for line in done.stdout.splitlines():
         match = RECORD.match(line)
         if match and match.group(1) != "Total":
@@ -435,14 +437,16 @@ def _ratio(value: float | None, reference: float | None) -> str:
     return f"{value / reference:.2f}x"
 
 
-def best_peer(steps: Sequence[Step], step: str, measure: Callable[[Step], float | None]) -> Step:
+def best_peer(
+    steps: Sequence[Step], step: str, measure: Callable[[Step], float | None]
+) -> Step | None:
     """The peer's step with the least of ``measure`` (None when no peer has one)."""
     peers = [
         s
         for s in steps
         if s.step == step and s.system not in ("pgqueue", FLOOR) and measure(s) is not None
     ]
-    return min(peers, key=lambda s: measure(s) or 0.0) if peers else None  # type: ignore[return-value]
+    return min(peers, key=lambda s: measure(s) or 0.0) if peers else None
 
 
 def _wal(s: Step) -> float | None:
@@ -495,7 +499,7 @@ def markdown(steps: Sequence[Step], labels: dict[str, str], meta: dict[str, Any]
                 f"| {'n/a' if hot is None else f'{hot:.0f} %'} "
                 f"| {_num(s.per_job(s.deleted))} "
                 f"| {'-' if s.backends is None else s.backends} "
-                f"| {_num(None if s.server_cpu is None else 1e6 * s.per_job_cpu(), 1)} |"
+                f"| {_num(None if s.server_cpu is None else 1e6 * s.server_cpu / s.jobs, 1)} |"
             )
     dumped = [s for s in steps if s.records]
     if dumped:
