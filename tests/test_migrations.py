@@ -81,9 +81,9 @@ def test_migrating_to_zero_and_back_removes_and_restores_the_schema():
         assert cursor.fetchone() == (1,)
 
 
-def jobs_table_options(relation: str = "pgqueue_jobs") -> dict[str, str]:
+def jobs_table_options() -> dict[str, str]:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT reloptions FROM pg_class WHERE oid = %s::regclass", [relation])
+        cursor.execute("SELECT reloptions FROM pg_class WHERE oid = 'pgqueue_jobs'::regclass")
         (options,) = cursor.fetchone()
     return dict(option.split("=", 1) for option in options or [])
 
