@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from datetime import timedelta
 
+import psycopg
 import pytest
 from django.db import connection
 from django.test import override_settings
@@ -142,6 +143,15 @@ def worker_backends(before: set[int]) -> int:
         return len({pid for (pid,) in cursor.fetchall()} - before)
 
 
+def held_backends(before: set[int], samples: int = 10) -> list[int]:
+    """``worker_backends()`` read ``samples`` times, 20 ms apart."""
+    held = []
+    for _ in range(samples):
+        held.append(worker_backends(before))
+        time.sleep(0.02)
+    return held
+
+
 def test_idle_slots_close_the_connections_their_handlers_opened(monkeypatch):
     monkeypatch.setattr(slots, "IDLE_CONNECTION_SECONDS", 0.5)
     with connection.cursor() as cursor:
@@ -149,10 +159,11 @@ def test_idle_slots_close_the_connections_their_handlers_opened(monkeypatch):
         before = {pid for (pid,) in cursor.fetchall()}
     with worker_thread(poll_interval=POLL, concurrency=3) as worker:
         recorded = [enqueue("tests.record", {"sleep": 1.0}) for _ in range(3)]
-        # The main loop's, the listener's, the heartbeat's, and one per busy slot.
-        wait_for(lambda: worker_backends(before) == 6)
+        # The main loop's, the listener's (the heartbeat beats on it), and one per busy
+        # slot.
+        wait_for(lambda: worker_backends(before) == 5)
         wait_for(lambda: all(finished(job_) for job_ in recorded))
-        wait_for(lambda: worker_backends(before) == 3, timeout=10)
+        wait_for(lambda: worker_backends(before) == 2, timeout=10)
         # A slot opens its connection again for the next job.
         again = enqueue("tests.record")
         wait_for(lambda: finished(again))
@@ -169,9 +180,27 @@ def test_a_light_load_runs_on_one_slot_and_its_connection():
         for _ in range(8):
             recorded = enqueue("tests.record")
             wait_for(lambda recorded=recorded: finished(recorded))
-        # The main loop's, the listener's, the heartbeat's, and one slot's.
-        assert worker_backends(before) == 4
+        # The main loop's, the listener's (the heartbeat beats on it), and one slot's;
+        # one more at moments, the leader's (this worker's) for its periodic work.
+        held = held_backends(before)
+        assert min(held) == 3 and max(held) <= 4, held
         assert worker.stats["completed"] == 8
+
+
+def test_without_notify_the_heartbeat_beats_on_a_connection_of_its_own():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+        before = {pid for (pid,) in cursor.fetchall()}
+    with worker_thread(worker_id="polling", poll_interval=POLL, listen=False) as worker:
+        wait_for(lambda: worker._heartbeat is not None and worker._heartbeat._beaten)
+        beaten_at = WorkerRecord.objects.get(worker_id="polling").heartbeat_at
+        # The main loop's and the heartbeat's: no listener.
+        held = held_backends(before)
+        assert min(held) == 2 and max(held) <= 3, held
+        wait_for(
+            lambda: WorkerRecord.objects.get(worker_id="polling").heartbeat_at > beaten_at,
+            timeout=5,
+        )
 
 
 def test_jobs_submitted_together_to_idle_slots_run_on_every_slot_at_once():
@@ -234,3 +263,39 @@ def test_the_wake_up_call_names_jobs_inserted_with_sql_and_not_an_old_backlog(li
     assert listening() == ["with-sql", queries.TICK]
     wake_due_queues(since)
     assert listening() == [queries.TICK]
+
+
+def test_a_listener_lends_its_connection_only_while_it_listens():
+    import threading
+
+    from django_pgqueue.worker.listener import ListenerUnavailable, NotificationListener
+
+    stopping = threading.Event()
+    listener = NotificationListener(
+        alias="default",
+        channel="pgqueue_jobs",
+        queues=None,
+        wake=threading.Event(),
+        stopping=stopping,
+    )
+    with pytest.raises(ListenerUnavailable, match="not listening"):
+        listener.borrow(lambda conn: conn.execute("SELECT 1").fetchone(), "a test", 1.0)
+    listener.start()
+    try:
+        wait_for(listener.listening.is_set)
+        pid = listener.borrow(lambda conn: conn.info.backend_pid, "a test", 2.0)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT query FROM pg_stat_activity WHERE pid = %s", [pid])
+            assert cursor.fetchone() is not None
+        # The work's own errors reach the borrower, and the listener goes on.
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            listener.borrow(lambda conn: conn.execute("SELECT 1 / 0"), "a test", 2.0)
+        assert listener.borrow(lambda conn: conn.execute("SELECT 2").fetchone(), "a test", 2.0) == (
+            2,
+        )
+    finally:
+        stopping.set()
+        listener.join(timeout=5)
+    assert not listener.listening.is_set()
+    with pytest.raises(ListenerUnavailable):
+        listener.borrow(lambda conn: None, "a test", 1.0)

@@ -288,10 +288,11 @@ def _processes_running(pattern: str) -> list[str]:
 
 
 @pytest.mark.parametrize("steps", [False, True], ids=["no steps", "plain steps"])
-def test_a_worker_holds_concurrency_plus_three_connections_as_the_docs_say(steps):
+def test_a_worker_holds_concurrency_plus_two_connections_as_the_docs_say(steps):
     # docs/how-to/production.md, "Size the database connections": the main loop, the
-    # listener, the heartbeat thread and one per slot whose handler used the database;
-    # and the checkpoint writer when handlers ran plain steps.
+    # listener (the heartbeat beats on it), and one per slot whose handler used the
+    # database; and the checkpoint writer when handlers ran plain steps. The leader
+    # (this worker, alone) opens one more for its periodic work and closes it after.
     import json
 
     from django.db import connection
@@ -309,12 +310,16 @@ def test_a_worker_holds_concurrency_plus_three_connections_as_the_docs_say(steps
         enqueue("tests.db_sleeps", {"sleep": 4, "step": steps})
     settings = json.dumps({"HEARTBEAT_INTERVAL": 0.3})
     worker = WorkerProcess("--concurrency", "3", env={"PGQUEUE_TEST_SETTINGS": settings})
-    expected = 3 + 3 + (1 if steps else 0)
+    expected = 2 + 3 + (1 if steps else 0)
     try:
         wait_for(lambda: Job.objects.filter(status=JobStatus.RUNNING).count() == 3, timeout=20)
         wait_for(lambda: len(backends() - before) >= expected, timeout=10)
-        time.sleep(1.0)  # nothing more opens while the jobs run
-        assert len(backends() - before) == expected, worker.output()[-2000:]
+        held = []
+        for _ in range(20):  # nothing more stays open while the jobs run
+            held.append(len(backends() - before))
+            time.sleep(0.05)
+        assert min(held) == expected, (held, worker.output()[-2000:])
+        assert max(held) <= expected + 1, (held, worker.output()[-2000:])
     finally:
         worker.stop()
 

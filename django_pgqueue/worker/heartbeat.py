@@ -6,7 +6,13 @@ with every worker doing so, a hundred idle workers kept the database busy.
 
 A worker holding jobs beats every ``interval`` (its jobs' heartbeats); an idle one that
 hears the leader's ticks every ``idle_interval``, enough to stay alive in the admin's
-eyes (``STALE_AFTER``) and to take the lead when the leader is gone."""
+eyes (``STALE_AFTER``) and to take the lead when the leader is gone.
+
+A beat runs on the listener's connection when the worker listens (a worker then holds
+no connection for its heartbeats), and on this thread's own Django connection when it
+does not, or while the listener reconnects. The leader's periodic work uses Django's
+ORM on this thread's connection, opened for it and closed after it when the beats go
+through the listener."""
 
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 from django.db import DatabaseError, connections
 
 from ..exceptions import PgQueueError
@@ -30,8 +37,16 @@ from ..response_watch import statement_guard
 from ..rollups import write_rollups
 from . import queries
 from .execution import RunningJob
+from .listener import ListenerUnavailable, NotificationListener
 
 logger = logging.getLogger("django_pgqueue.worker")
+
+#: Most seconds a beat waits for the listener to take it (it looks between waits for
+#: notifications of at most ``listener.NOTIFIES_TIMEOUT``) before it uses a connection
+#: of its own.
+LISTENER_WAIT = 2.0
+
+BeatRows = tuple[tuple[Any, ...], list[tuple[Any, ...]]]
 
 
 class Heartbeat(threading.Thread):
@@ -50,6 +65,7 @@ class Heartbeat(threading.Thread):
         on_rate_limited: Callable[[bool], None] | None = None,
         response_timeout: float = 0.0,
         announced: Callable[[], bool] = lambda: False,
+        listener: NotificationListener | None = None,
     ) -> None:
         super().__init__(name="pgqueue-heartbeat", daemon=True)
         self._alias = alias
@@ -65,6 +81,7 @@ class Heartbeat(threading.Thread):
         self._horizon = HorizonWatch()
         self._response_timeout = response_timeout
         self._announced = announced
+        self._listener = listener
         #: Seconds between the beats of an idle worker that hears the leader's ticks.
         self._idle_interval = max(interval, stale_after / 3)
         self._nudged = threading.Event()
@@ -101,6 +118,10 @@ class Heartbeat(threading.Thread):
                         next_beat = time.monotonic() + self._beat_interval()
                     if self.leads and time.monotonic() >= next_schedule:
                         next_schedule = self._enqueue_periodic_jobs()
+                    if self._listener is not None and self._listener.listening.is_set():
+                        # The beats go through the listener: hold no connection between
+                        # the leader's rounds of periodic work.
+                        connections[self._alias].close()
         finally:
             connections.close_all()
 
@@ -138,7 +159,7 @@ class Heartbeat(threading.Thread):
             # finished jobs shrinks over the following beats.
             prune_by_settings(max_seconds=self._interval / 2, using=self._alias)
             write_rollups(using=self._alias)
-        except DatabaseError as exc:
+        except (DatabaseError, psycopg.Error) as exc:
             logger.warning("heartbeat failed (%s); retrying in %.1fs", exc, self._interval)
             connections[self._alias].close()
         return next_recovery
@@ -186,19 +207,20 @@ class Heartbeat(threading.Thread):
         # Snapshot before the query: a job claimed after it cannot be mistaken for lost.
         held = {running.job.id: running for running in self._held_jobs()}
         ids = [*held, *self._unflushed_job_ids()]
-        with connections[self._alias].cursor() as cursor:
-            cursor.execute(
-                queries.WORKER_BEAT,
-                {"worker": self._worker_id, "stale_after": self._stale_after},
-            )
-            leads, rate_limited, self.concurrency_limited = cursor.fetchone()
-            self._beaten = True
-            if self._on_rate_limited is not None:
-                self._on_rate_limited(bool(rate_limited))
+        params = {"worker": self._worker_id, "stale_after": self._stale_after}
+
+        def statements(cursor: Any) -> BeatRows:
+            cursor.execute(queries.WORKER_BEAT, params)
+            worker_row = cursor.fetchone()
             if not ids:
-                return bool(leads)
+                return worker_row, []
             cursor.execute(queries.HEARTBEAT, [ids, self._worker_id])
-            rows = cursor.fetchall()
+            return worker_row, cursor.fetchall()
+
+        (leads, rate_limited, self.concurrency_limited), rows = self._run(statements)
+        self._beaten = True
+        if self._on_rate_limited is not None:
+            self._on_rate_limited(bool(rate_limited))
         still_ours = set()
         for job_id, cancel_requested in rows:
             still_ours.add(job_id)
@@ -220,3 +242,20 @@ class Heartbeat(threading.Thread):
                 )
                 running.cancel_event.set()
         return bool(leads)
+
+    def _run(self, statements: Callable[[Any], BeatRows]) -> BeatRows:
+        """Run the beat's ``statements`` on a cursor of the listener's connection, or of
+        this thread's own when the listener cannot lend its connection."""
+        if self._listener is not None:
+
+            def on_listener(conn: psycopg.Connection[Any]) -> BeatRows:
+                with conn.cursor() as cursor:
+                    return statements(cursor)
+
+            try:
+                what = "the heartbeat's statements"
+                return self._listener.borrow(on_listener, what, LISTENER_WAIT)
+            except ListenerUnavailable:
+                pass
+        with connections[self._alias].cursor() as cursor:
+            return statements(cursor)

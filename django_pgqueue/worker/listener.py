@@ -17,17 +17,22 @@ A listener only reads, so it cannot tell a quiet channel from a half-open connec
 after ``probe_interval`` without a notification (the ticks count) it sends a
 ``SELECT 1``, cut like the worker's other statements when unanswered
 (response_watch.py), and reconnects.
+
+Its connection is lent between two waits for notifications (``borrow()``): the
+heartbeat's beats run on it, so that a worker holds no connection of its own for them.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -43,6 +48,14 @@ logger = logging.getLogger("django_pgqueue.worker")
 NOTIFIES_TIMEOUT = 0.5
 #: Slack on a tick's expected moment (the leader's scheduling, the round trip).
 TICK_SLACK = 0.25
+
+T = TypeVar("T")
+Work = Callable[[psycopg.Connection[Any]], Any]
+
+
+class ListenerUnavailable(Exception):
+    """The listener cannot lend its connection: it is not listening, or it did not
+    start the work in time."""
 
 
 class NotificationListener(threading.Thread):
@@ -79,6 +92,30 @@ class NotificationListener(threading.Thread):
         self._tick_gap = math.inf
         #: The server's moment of the leader's last wake-up call (None: none yet).
         self._woken_until: datetime | None = None
+        #: Work waiting for the connection (``borrow()``), with the future of its result.
+        self._requests: queue.SimpleQueue[tuple[Work, str, Future[Any]]] = queue.SimpleQueue()
+
+    def borrow(self, work: Callable[[psycopg.Connection[Any]], T], what: str, wait: float) -> T:
+        """Run ``work`` on the listening connection, in the listener's thread between two
+        waits for notifications, and return its result (thread-safe).
+
+        Its statements are bounded like the listener's own, named ``what`` in the error.
+        Raises ``ListenerUnavailable`` when the listener is not listening or has not
+        started the work within ``wait`` seconds (the caller then uses a connection of
+        its own); the work's own errors are raised as they are.
+        """
+        if not self.listening.is_set():
+            raise ListenerUnavailable("the listener is not listening")
+        request: Future[T] = Future()
+        self._requests.put((work, what, request))
+        try:
+            return request.result(wait)
+        except TimeoutError:
+            if request.cancel():
+                raise ListenerUnavailable(
+                    f"the listener did not take the work within {wait:g}s"
+                ) from None
+        return request.result()  # started: bounded like the listener's statements
 
     def hears_ticks(self, now: float | None = None) -> bool:
         """Whether the leader's ticks reach this worker at least every poll interval:
@@ -129,6 +166,8 @@ class NotificationListener(threading.Thread):
                     elif self._queues is None or notification.payload in self._queues:
                         self.last_notified = heard
                         self._wake.set()
+                if self._serve_requests(conn):
+                    heard = time.monotonic()  # the connection answers
                 now = time.monotonic()
                 if self._stopping.is_set():
                     break  # a stopped worker leads no more
@@ -146,7 +185,41 @@ class NotificationListener(threading.Thread):
                     heard = time.monotonic()
         finally:
             self.listening.clear()
+            self._refuse_requests()
             conn.close()
+
+    def _serve_requests(self, conn: psycopg.Connection[Any]) -> bool:
+        """Run the work lent the connection since the last look; return whether any ran.
+
+        Raises the error that broke the connection (the listener then reconnects)."""
+        served = False
+        while True:
+            try:
+                work, what, request = self._requests.get_nowait()
+            except queue.Empty:
+                return served
+            if not request.set_running_or_notify_cancel():
+                continue  # its borrower gave up waiting
+            try:
+                with guard(conn, self._response_timeout, what):
+                    result = work(conn)
+            except Exception as exc:
+                request.set_exception(exc)
+                if isinstance(exc, psycopg.Error) and (conn.closed or conn.broken):
+                    raise
+            else:
+                request.set_result(result)
+                served = True
+
+    def _refuse_requests(self) -> None:
+        """Send the waiting borrowers back to connections of their own."""
+        while True:
+            try:
+                _, _, request = self._requests.get_nowait()
+            except queue.Empty:
+                return
+            if request.set_running_or_notify_cancel():
+                request.set_exception(ListenerUnavailable("the listener stopped listening"))
 
     def _call_due_queues(self, conn: psycopg.Connection[Any]) -> None:
         """The leader's wake-up call: notify the queues whose jobs became due since the

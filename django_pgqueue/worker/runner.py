@@ -915,20 +915,7 @@ class Worker:
 
     def _start_threads(self) -> list[threading.Thread]:
         settings = self._settings
-        self._heartbeat = heartbeat = Heartbeat(
-            alias=self.using,
-            worker_id=self.worker_id,
-            interval=settings.HEARTBEAT_INTERVAL,
-            recover_interval=settings.RECOVER_INTERVAL,
-            stale_after=settings.STALE_AFTER,
-            held_jobs=lambda: list(self._running.values()),
-            unflushed_job_ids=lambda: [outcome.job_id for outcome in self._outcomes],
-            stopping=self._threads_stopping,
-            on_rate_limited=lambda limited: setattr(self.pacing, "limited", limited),
-            response_timeout=self.response_timeout,
-            announced=self._due_jobs_announced,
-        )
-        threads: list[threading.Thread] = [heartbeat]
+        threads: list[threading.Thread] = []
         if self.listen:
             self._listener = NotificationListener(
                 # LISTEN needs a session: through a transaction pooler it hears nothing.
@@ -941,9 +928,25 @@ class Worker:
                 response_timeout=self.response_timeout,
                 poll_interval=self.poll_interval,
                 leads=lambda: heartbeat.leads,
-                on_ticks_lost=heartbeat.nudge,
+                on_ticks_lost=lambda: heartbeat.nudge(),
             )
             threads.append(self._listener)
+        self._heartbeat = heartbeat = Heartbeat(
+            alias=self.using,
+            worker_id=self.worker_id,
+            interval=settings.HEARTBEAT_INTERVAL,
+            recover_interval=settings.RECOVER_INTERVAL,
+            stale_after=settings.STALE_AFTER,
+            held_jobs=lambda: list(self._running.values()),
+            unflushed_job_ids=lambda: [outcome.job_id for outcome in self._outcomes],
+            stopping=self._threads_stopping,
+            on_rate_limited=lambda limited: setattr(self.pacing, "limited", limited),
+            response_timeout=self.response_timeout,
+            announced=self._due_jobs_announced,
+            # Its beats run on the listener's connection: no connection of its own.
+            listener=self._listener,
+        )
+        threads.insert(0, heartbeat)
         for thread in threads:
             thread.start()
         return threads

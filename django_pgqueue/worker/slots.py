@@ -15,7 +15,7 @@ a drain 7 to 11 % slower, with twice the context switches).
 
 A slot keeps the connections its handlers opened while jobs keep coming, and closes
 them once it waited ``IDLE_CONNECTION_SECONDS`` for one: an idle worker holds only its
-own three connections, whatever its concurrency.
+own two connections (the main loop's and the listener's), whatever its concurrency.
 """
 
 from __future__ import annotations
