@@ -199,6 +199,64 @@ CELERY_NOTES = (
 )
 
 
+#: RQ and Dramatiq: what they lack of the workloads, whatever their Redis.
+RQ_UNSUPPORTED = {
+    "W5": NO_FINISHED_ROWS,
+    "W7": "n/a: a worker process runs one job at a time",
+    "W8": "n/a: not measured yet (its `depends_on` takes a list of jobs)",
+    "W9": NO_PER_KEY_LIMITS,
+    "W10": "n/a: not measured yet",
+    "W11": "n/a: not measured yet",
+    "W12": "n/a: its default `Worker` forks a work horse for every job: W3 in `fork-4`",
+    "W13": OURS_ONLY,
+}
+RQ_LAYOUTS = {
+    "fork-4": "4 worker processes, RQ's default `Worker` (a forked work horse per job)",
+    "simple-4": "4 worker processes, `SimpleWorker` (jobs in the worker process)",
+}
+RQ_NOTES = (
+    "`Queue.enqueue` by the function's dotted path (W1), `enqueue_many` in chunks of 5,000 "
+    "(W2: one Redis pipeline a chunk); results kept 500 s (its default); burst workers "
+    "(`work(burst=True)`); W6 with `Retry(max=1)` (queued again at once). A drain is "
+    "timed to the last job's `ended_at`; the workers are then killed (a burst worker's "
+    "exit can wait a minute for its command channel's thread).",
+)
+DRAMATIQ_UNSUPPORTED = {
+    "W5": NO_FINISHED_ROWS,
+    "W7": "n/a: not measured yet (its `AsyncIO` middleware runs async actors)",
+    "W8": "n/a: not measured yet (its groups and pipelines)",
+    "W9": "n/a: not measured yet (its `ConcurrentRateLimiter` takes a key)",
+    "W10": "n/a: not measured yet (its rate limiters)",
+    "W11": "n/a: not measured yet (its rate limiters)",
+    "W12": NO_PROCESS_ISOLATION,
+    "W13": OURS_ONLY,
+}
+DRAMATIQ_NOTES = (
+    "`actor.send` (W1); no bulk enqueue, so W2 is the same loop; `RedisBroker` with its "
+    "default middleware and `CurrentMessage`; a worker process is `dramatiq.Worker("
+    "worker_threads=4, worker_timeout=10)` (an idle consumer looks again within 10 ms; "
+    "its default backs off to 1 s); W6's actor has `max_retries=1` and a 1 ms backoff. "
+    "A drain ends when the queue's and the delay queue's message hashes are empty (a "
+    "message leaves them once acknowledged, after it ran).",
+)
+#: Redis as most teams run it, and as durable as a PostgreSQL commit.
+REDIS_KINDS = (
+    (
+        "",
+        "no persistence",
+        redis_server.VOLATILE,
+        'Redis as most teams run it: `--appendonly no --save ""`, so a crash of Redis '
+        "loses every queued job.",
+    ),
+    (
+        "-durable",
+        "appendfsync always",
+        redis_server.DURABLE,
+        "Redis durable as a PostgreSQL commit: `--appendonly yes --appendfsync always`.",
+    ),
+)
+
+
 @dataclass(frozen=True)
 class SystemSpec:
     """A system under test: its harness, where it comes from, how it spends 4 slots."""
@@ -420,7 +478,7 @@ SYSTEMS = [
     ),
     *(
         SystemSpec(
-            name,
+            f"celery{suffix}",
             f"Celery on Redis ({how})",
             "bench.systems.harness_celery",
             ("celery[redis,gevent]==5.7.0",),
@@ -431,21 +489,35 @@ SYSTEMS = [
             redis=settings,
             w7_layouts=CELERY_W7_LAYOUTS,
         )
-        for name, how, settings, note in (
-            (
-                "celery",
-                "no persistence",
-                redis_server.VOLATILE,
-                'Redis as most teams run it: `--appendonly no --save ""`, so a crash of '
-                "Redis loses every queued task.",
-            ),
-            (
-                "celery-durable",
-                "appendfsync always",
-                redis_server.DURABLE,
-                "Redis durable as a PostgreSQL commit: `--appendonly yes --appendfsync always`.",
-            ),
+        for suffix, how, settings, note in REDIS_KINDS
+    ),
+    *(
+        SystemSpec(
+            f"rq{suffix}",
+            f"RQ on Redis ({how})",
+            "bench.systems.harness_rq",
+            ("rq==3.0.0",),
+            "rq",
+            RQ_LAYOUTS,
+            unsupported=RQ_UNSUPPORTED,
+            notes=(*RQ_NOTES, note),
+            redis=settings,
         )
+        for suffix, how, settings, note in REDIS_KINDS
+    ),
+    *(
+        SystemSpec(
+            f"dramatiq{suffix}",
+            f"Dramatiq on Redis ({how})",
+            "bench.systems.harness_dramatiq",
+            ("dramatiq[redis]==2.2.1",),
+            "dramatiq",
+            {"1x4": "1 worker process, `worker_threads=4`"},
+            unsupported=DRAMATIQ_UNSUPPORTED,
+            notes=(*DRAMATIQ_NOTES, note),
+            redis=settings,
+        )
+        for suffix, how, settings, note in REDIS_KINDS
     ),
 ]
 PEER_EXTRA_LAYOUT = {"2x2": "2 processes x concurrency 2"}
@@ -465,9 +537,11 @@ WORKLOADS = (
     "W13",
 )
 ALL_NAMES = [spec.name for spec in SYSTEMS] + ["pgbench"]
-#: Run when --systems is not given. Celery is run when named: with its untimed enqueues
-#: at 1,300-3,000 tasks a second it would double a full run's 20 minutes.
-DEFAULT_NAMES = [name for name in ALL_NAMES if not name.startswith("celery")]
+#: Run when --systems is not given. The Redis-based peers are run when named: Celery's
+#: untimed enqueues at 1,300-3,000 tasks a second would double a full run's 20 minutes,
+#: and RQ's default worker drains about 160 jobs a second.
+REDIS_NAMES = tuple(spec.name for spec in SYSTEMS if spec.redis is not None)
+DEFAULT_NAMES = [name for name in ALL_NAMES if name not in REDIS_NAMES]
 
 
 class Unavailable(Exception):
@@ -1258,7 +1332,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         results_dir = ROOT / "bench" / "results"
 
     started = datetime.now(UTC)
-    infos = [SystemInfo(spec.name, spec.label, notes=list(spec.notes)) for spec in specs]
+    infos = [
+        SystemInfo(spec.name, spec.label, notes=list(spec.notes), on_redis=spec.redis is not None)
+        for spec in specs
+    ]
     if "pgbench" in names:
         infos.append(
             SystemInfo(

@@ -78,7 +78,7 @@ def test_bench_smoke_run_measures_every_workload(tmp_path: Path) -> None:
     assert re.fullmatch(r"[\d,.]+", chain_p50) and re.fullmatch(r"[\d,.]+", chain_p95), first
     # Every target is judged; the ones needing peers or pgbench say n/a.
     verdicts = re.findall(r"^(PASS|MISS|n/a )\s", result.stdout, re.MULTILINE)
-    assert len(verdicts) == 15, result.stdout[-2000:]
+    assert len(verdicts) == 16, result.stdout[-2000:]
     # W7: async handlers awaiting I/O, one process, with the ratio to our best.
     io_bound = report.split("## I/O-bound jobs (W7)", 1)[1].split("\n## ", 1)[0]
     ours = next(line for line in io_bound.splitlines() if "--async-concurrency 500" in line)
@@ -199,8 +199,44 @@ def test_a_baseline_run_reports_each_figure_as_a_ratio_to_it(tmp_path: Path) -> 
     assert all(row.verdict == "PASS" for row in rows)
     assert "## Against the baseline (django-pgqueue at abc)" in report.markdown(results)
     # The baseline is not a peer of ours.
-    peer = next(t for t in report.targets(results) if t.name == "W3 vs best peer")
+    peer = next(
+        t for t in report.targets(results) if t.name == "W3 vs every Python PostgreSQL peer"
+    )
     assert peer.measured is None
+
+
+def test_the_w3_targets_take_postgresql_and_redis_peers_apart() -> None:
+    sys.path.insert(0, str(ROOT))
+    from bench import report
+
+    figures = [
+        report.Figure("pgqueue", "W3", "1x4", values=[12000.0]),
+        report.Figure("oban", "W3", "1x4", values=[1000.0]),
+        report.Figure("chancy", "W3", "1x4", values=[3000.0]),
+        report.Figure("dramatiq", "W3", "1x4", values=[1500.0]),
+        report.Figure("rq", "W3", "simple-4", values=[800.0]),
+        report.Figure("rq", "W3", "fork-4", values=[160.0]),
+    ]
+    results = report.Results(
+        meta={},
+        systems=[
+            report.SystemInfo("pgqueue", "django-pgqueue"),
+            report.SystemInfo("oban", "oban"),
+            report.SystemInfo("chancy", "Chancy"),
+            report.SystemInfo("dramatiq", "Dramatiq on Redis", on_redis=True),
+            report.SystemInfo("rq", "RQ on Redis", on_redis=True),
+        ],
+        figures=figures,
+    )
+
+    found = {t.name: t for t in report.targets(results)}
+
+    postgres = found["W3 vs every Python PostgreSQL peer"]
+    assert (postgres.measured, postgres.verdict) == (4.0, "MISS")
+    assert "chancy 1x4" in postgres.detail
+    on_redis = found["W3 vs each Redis-based peer"]
+    assert (on_redis.measured, on_redis.verdict) == (8.0, "MISS")
+    assert "dramatiq 1x4" in on_redis.detail
 
 
 def test_a_baseline_run_shows_where_the_cpu_time_per_job_went() -> None:
