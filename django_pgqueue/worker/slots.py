@@ -93,11 +93,16 @@ class SlotPool:
             _Slot(n, self).thread.start()
 
     def submit(self, running: RunningJob) -> None:
-        with self._lock:
-            self._backlog.append(running)
-            slot = self._wake_one()
-        if slot is not None:
-            slot.inbox.put(_WAKE)
+        self._backlog.append(running)
+        # Without the lock while no slot is idle (a drain's case). A slot going idle
+        # puts itself on the idle list before it looks at the backlog (``_next()``), so
+        # either it finds this job or this finds it idle: appends and reads of the
+        # deque and the list are atomic, and ordered between threads.
+        if self._idle and not self._waking:
+            with self._lock:
+                slot = self._wake_one()
+            if slot is not None:
+                slot.inbox.put(_WAKE)
 
     def _wake_one(self) -> _Slot | None:
         """Under the lock: the idle slot to wake for the backlog, if any (none while
@@ -109,10 +114,12 @@ class SlotPool:
 
     def take_unstarted(self) -> list[RunningJob]:
         """Remove and return the jobs no slot has started yet (the backlog)."""
-        with self._lock:
-            taken = list(self._backlog)
-            self._backlog.clear()
-        return taken
+        taken = []
+        while True:
+            try:  # one at a time: a slot may take one meanwhile, never both
+                taken.append(self._backlog.popleft())
+            except IndexError:
+                return taken
 
     def stop(self) -> None:
         """Ask the slots to exit once the backlog is drained (busy ones finish first)."""
@@ -126,18 +133,26 @@ class SlotPool:
         """The next job for ``slot``: from the backlog, waiting idle until there is
         one; None when the slot is to exit."""
         while True:
-            following = None
+            if not woken:
+                try:  # a busy slot takes the next job without the lock
+                    return self._backlog.popleft()
+                except IndexError:
+                    pass
+            running = following = None
             with self._lock:
                 if woken:
                     self._waking = False
-                if self._backlog:
+                # On the idle list before looking at the backlog: see submit().
+                self._idle.append(slot)
+                try:
                     running = self._backlog.popleft()
-                    following = self._wake_one()
-                elif self._stopping:
-                    return None
+                except IndexError:
+                    if self._stopping:
+                        self._idle.pop()
+                        return None
                 else:
-                    running = None
-                    self._idle.append(slot)
+                    self._idle.pop()  # this slot: only the lock's holder changes the list
+                    following = self._wake_one()
             if following is not None:
                 following.inbox.put(_WAKE)
             if running is not None:
