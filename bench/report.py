@@ -232,8 +232,10 @@ def targets(results: Results, ours: str = "pgqueue") -> list[Target]:
                 w1_paired, w1_prepared is not None, w1_separate, w1_default, bare_rate
             ),
         ),
+        _w1_against_celery(results, w1_prepared or w1),
         Target("W2 bulk enqueue", w2.median if w2 else None, 50_000, unit="jobs/s"),
         Target("W4 latency p50", w4.median if w4 else None, 10.0, False, unit="ms"),
+        _w4_p99_against_peers(results, ours),
         Target(
             "W5 slowdown (W3 / W5)",
             slowdown,
@@ -304,6 +306,46 @@ def targets(results: Results, ours: str = "pgqueue") -> list[Target]:
             detail="read back from started_at; the limit is never exceeded",
         ),
     ]
+
+
+def _w1_against_celery(results: Results, w1: Figure | None) -> Target:
+    """Issue 28: single enqueues at least as fast as Celery's ``.delay()`` on Redis
+    without persistence, though each of ours is a durable commit."""
+    celery = results.find("celery", "W1")
+    ratio = _ratio(w1.median if w1 else None, celery.median if celery else None)
+    how = "with Django's prepared statements" if w1 and w1.variant else "Django's defaults"
+    return Target(
+        "W1 vs Celery's .delay() on Redis without persistence",
+        ratio,
+        1.0,
+        unit="x",
+        detail=f"ours {how}, each a durable commit; Celery "
+        f"{_fmt_rate(celery.median if celery else None)} jobs/s, lost with Redis",
+    )
+
+
+def _w4_p99_against_peers(results: Results, ours: str) -> Target:
+    """Issue 28: W4's p99 at most the best peer's in the same run."""
+    mine = results.find(ours, "W4-p99")
+    peers = [
+        f
+        for f in results.figures
+        if f.workload == "W4-p99" and f.system not in (ours, baseline.NAME) and f.median is not None
+    ]
+    best = min(peers, key=lambda f: f.median or 0.0, default=None)
+    mine_ms = mine.median if mine else None
+    detail = "no peer measured"
+    if best is not None and best.median is not None:
+        ours_text = "-" if mine_ms is None else f"{mine_ms:.1f}"
+        detail = f"ours {ours_text} ms, best: {best.system} {best.median:.1f} ms"
+    return Target(
+        "W4 p99 vs the best peer's",
+        _ratio(mine_ms, best.median if best else None),
+        1.0,
+        False,
+        unit="x",
+        detail=detail,
+    )
 
 
 def _peer_detail(best: Figure | None) -> str:

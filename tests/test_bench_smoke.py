@@ -78,7 +78,7 @@ def test_bench_smoke_run_measures_every_workload(tmp_path: Path) -> None:
     assert re.fullmatch(r"[\d,.]+", chain_p50) and re.fullmatch(r"[\d,.]+", chain_p95), first
     # Every target is judged; the ones needing peers or pgbench say n/a.
     verdicts = re.findall(r"^(PASS|MISS|n/a )\s", result.stdout, re.MULTILINE)
-    assert len(verdicts) == 16, result.stdout[-2000:]
+    assert len(verdicts) == 18, result.stdout[-2000:]
     # W7: async handlers awaiting I/O, one process, with the ratio to our best.
     io_bound = report.split("## I/O-bound jobs (W7)", 1)[1].split("\n## ", 1)[0]
     ours = next(line for line in io_bound.splitlines() if "--async-concurrency 500" in line)
@@ -237,6 +237,30 @@ def test_the_w3_targets_take_postgresql_and_redis_peers_apart() -> None:
     on_redis = found["W3 vs each Redis-based peer"]
     assert (on_redis.measured, on_redis.verdict) == (8.0, "MISS")
     assert "dramatiq 1x4" in on_redis.detail
+
+
+def test_w1_is_judged_against_celery_and_w4_p99_against_the_best_peer() -> None:
+    sys.path.insert(0, str(ROOT))
+    from bench import report
+
+    figures = [
+        report.Figure("pgqueue", "W1", "", values=[2000.0]),
+        report.Figure("pgqueue", "W1", "prepared", values=[3000.0]),
+        report.Figure("celery", "W1", "", values=[2500.0]),
+        report.Figure("pgqueue", "W4-p99", "", values=[3.0]),
+        report.Figure("celery", "W4-p99", "", values=[1.5]),
+        report.Figure("oban", "W4-p99", "", values=[3.2]),
+    ]
+    results = report.Results(meta={}, systems=[], figures=figures)
+
+    found = {t.name: t for t in report.targets(results)}
+
+    w1 = found["W1 vs Celery's .delay() on Redis without persistence"]
+    assert (w1.measured, w1.verdict) == (1.2, "PASS")
+    assert "prepared statements" in w1.detail and "durable commit" in w1.detail
+    w4 = found["W4 p99 vs the best peer's"]
+    assert (w4.measured, w4.verdict) == (2.0, "MISS")
+    assert "best: celery 1.5 ms" in w4.detail
 
 
 def test_a_baseline_run_shows_where_the_cpu_time_per_job_went() -> None:
