@@ -473,6 +473,21 @@ def harness_main(
     emit(run(commands[args.command](args)))
 
 
+def first_seen_drained(drained: Callable[[], bool], poll_seconds: float) -> float:
+    """The time (epoch seconds) ``drained()`` was first true on two polls in a row, for a
+    queue that keeps no finishing times (a broker's): a job taken from the queue may be
+    in no place it looks at for a moment before it is noted as in flight."""
+    first_seen = None
+    while True:
+        if drained():
+            if first_seen is not None:
+                return first_seen
+            first_seen = time.time()
+        else:
+            first_seen = None
+        time.sleep(poll_seconds)
+
+
 def sample_pause(i: int) -> float:
     """Seconds the worker is left idle after latency sample ``i`` (W4): a short,
     varying while, so that samples do not fall in step with a worker's timers."""

@@ -154,21 +154,6 @@ def _drained() -> bool:
     return client.llen(QUEUE) == 0 and client.hlen("unacked") == 0
 
 
-def _wait_drained() -> float:
-    """The time (epoch seconds) the queue was first seen drained, on two polls in a row:
-    a task taken from the queue is in neither place for a moment before it is noted as
-    unacknowledged."""
-    first_seen = None
-    while True:
-        if _drained():
-            if first_seen is not None:
-                return first_seen
-            first_seen = time.time()
-        else:
-            first_seen = None
-        time.sleep(POLL_SECONDS)
-
-
 def _wait_callback(timeout: float = common.DRAIN_TIMEOUT) -> float:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -204,7 +189,11 @@ def drain(args: Any) -> dict[str, Any]:
     try:
         start = time.time()
         group_.go()
-        last = _wait_callback() if args.kind == "chord" else _wait_drained()
+        last = (
+            _wait_callback()
+            if args.kind == "chord"
+            else common.first_seen_drained(_drained, POLL_SECONDS)
+        )
     finally:
         group_.terminate()
     # A chord is timed from the enqueue, as for django-pgqueue.

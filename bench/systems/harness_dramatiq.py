@@ -97,19 +97,6 @@ def _drained() -> bool:
     return all(broker.client.hlen(name) == 0 for name in MESSAGE_HASHES)
 
 
-def _wait_drained() -> float:
-    """The time (epoch seconds) the queue was first seen drained, on two polls in a row."""
-    first_seen = None
-    while True:
-        if _drained():
-            if first_seen is not None:
-                return first_seen
-            first_seen = time.time()
-        else:
-            first_seen = None
-        time.sleep(POLL_SECONDS)
-
-
 def _workers(layout: str, env: dict[str, str] | None = None) -> common.WorkerGroup:
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; choose from {sorted(LAYOUTS)}")
@@ -126,7 +113,7 @@ def drain(args: Any) -> dict[str, Any]:
     try:
         start = time.time()
         group.go()
-        last = _wait_drained()
+        last = common.first_seen_drained(_drained, POLL_SECONDS)
     finally:
         group.kill()  # its shutdown is no measure of the queue
     return common.drain_rate(args.jobs, start, last, time.time())
