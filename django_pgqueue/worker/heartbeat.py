@@ -253,7 +253,7 @@ class Heartbeat(threading.Thread):
                     return statements(cursor)
 
             try:
-                what = "the heartbeat's statements"
+                what = "the heartbeat's statements (on the listener's connection)"
                 return self._listener.borrow(on_listener, what, LISTENER_WAIT)
             except ListenerUnavailable:
                 pass
