@@ -36,6 +36,8 @@ from ..schema import MAX_DELAY_SECONDS, JobStatus
 from . import finishing
 
 if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
     from ..models import Job
     from ..registry import JobDefinition
 
@@ -420,7 +422,7 @@ def record_in_transaction(running: RunningJob, alias: str, value: Any) -> Outcom
     # The plain steps' checkpoints first: once the job is completed, they would be
     # refused (the attempt no longer holds a running job).
     steps.settle(job)
-    connection = connections[alias]
+    connection = thread_connection(alias)
     raw = connection.connection
     # Read from libpq directly: this runs for every atomic handler, W3's no-ops too.
     if raw is None or raw.pgconn.transaction_status != _IN_TRANSACTION:
@@ -449,14 +451,43 @@ def record_in_transaction(running: RunningJob, alias: str, value: Any) -> Outcom
 _IN_TRANSACTION = int(pq.TransactionStatus.INTRANS)
 
 
+class _ThreadConnections(threading.local):
+    def __init__(self) -> None:
+        self.by_alias: dict[str, BaseDatabaseWrapper] = {}
+
+
+_thread_connections = _ThreadConnections()
+
+
+def thread_connection(alias: str) -> BaseDatabaseWrapper:
+    """``connections[alias]`` of this thread, looked up once per thread.
+
+    Django keeps one wrapper per thread and alias for the thread's life (closing it
+    closes the driver's connection, not the wrapper), and the lookup goes through
+    asgiref's ``Local``: a cost on every job of a drain. Should Django replace the
+    wrappers (a test changing ``DATABASES``), the kept one is idle: an outcome is then
+    written by the worker, as for a handler that made no query.
+    """
+    by_alias = _thread_connections.by_alias
+    connection = by_alias.get(alias)
+    if connection is None:
+        connection = by_alias[alias] = connections[alias]
+    return connection
+
+
 class JobLost(Exception):
     """The attempt lost its job before its handler's transaction committed."""
+
+
+#: What handlers return most (None above all): never awaitable, and tested by type
+#: alone, where ``inspect.isawaitable`` asks the ``Awaitable`` ABC on every call.
+_PLAIN_RESULTS = frozenset({type(None), dict, list, str, int, float, bool})
 
 
 def refuse_awaitable(value: Any, job: Job) -> Any:
     """Return ``value``, or raise ``AsyncHandlerError`` if it is a coroutine or another
     awaitable: the handler's body has not run, so the job must not complete."""
-    if not inspect.isawaitable(value):
+    if type(value) in _PLAIN_RESULTS or not inspect.isawaitable(value):
         return value
     if inspect.iscoroutine(value) or inspect.isgenerator(value):
         value.close()  # never to be awaited: no "coroutine ... was never awaited" warning

@@ -822,6 +822,8 @@ class Worker:
             self._wake.set()
 
     def _reap(self) -> None:
+        # Once a round: a completion is logged only at DEBUG, and usually is not.
+        log_completed = logger.isEnabledFor(logging.DEBUG)
         while True:
             try:
                 running, outcome = self._finished.get_nowait()
@@ -830,7 +832,8 @@ class Worker:
             job_id = running.job.id
             if running.kind != THREAD:  # no call per job for a worker of threads only
                 self.side_kinds.let_go(running)
-            if self._abandoned.pop(job_id, None) is not None:
+            # Tested first: hashing a UUID is a Python call, and this is seldom needed.
+            if self._abandoned and self._abandoned.pop(job_id, None) is not None:
                 continue  # its timeout outcome was recorded when it was abandoned
             self._running.pop(job_id, None)
             if running.duration is not None:
@@ -840,7 +843,8 @@ class Worker:
             else:
                 outcome.started = running.recorded_start()
                 self._outcomes.append(outcome)
-            _log_outcome(running.job, outcome)
+            if outcome.status != COMPLETED or log_completed:
+                _log_outcome(running.job, outcome)
             outcome.exception = None  # logged: its frames need not live until written
 
     def _enforce_timeouts(self) -> None:
@@ -993,9 +997,7 @@ class Worker:
 
 def _log_outcome(job: Job, outcome: Outcome) -> None:
     if outcome.status == COMPLETED:
-        # Once per job on the hot path, usually not logged: no fields built for nothing.
-        if logger.isEnabledFor(logging.DEBUG):
-            logger.debug("job %s (%s) completed", job.id, job.job_type, extra=job_fields(job))
+        logger.debug("job %s (%s) completed", job.id, job.job_type, extra=job_fields(job))
         return
     fields = job_fields(job)
     if outcome.status == PENDING and outcome.refund and not (outcome.snoozed or outcome.suspended):
