@@ -176,6 +176,24 @@ def test_cost_smoke_run_measures_each_step_and_the_floor(tmp_path: Path) -> None
     assert re.search(r"^- (PASS|MISS) WAL a job at most 1.3x the floor's, drain 1x4", report, re.M)
 
 
+def test_scale_smoke_run_drains_in_each_layout(tmp_path: Path) -> None:
+    result = run_smoke("scale.py", tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    layouts = json.loads((tmp_path / "scale.json").read_text())["layouts"]
+    assert [(layout["processes"], layout["slots"]) for layout in layouts] == [(1, 4), (2, 4)]
+    one, two = layouts
+    for layout in layouts:
+        assert layout["rates"][0] > 0 and layout["worker_us"][0] > 0, layout
+        assert 0 < layout["cpu_share"][0] <= 1.5, layout  # a server on this machine
+    # Each process holds its own connections: two hold more than one.
+    assert one["backends"][0] >= 2 and two["backends"][0] > one["backends"][0], layouts
+    report = (tmp_path / "scale.md").read_text()
+    rows = [line for line in report.splitlines() if line.startswith("| ") and "x 4 slots" in line]
+    assert len(rows) == 2, report
+    assert all(row.rstrip(" |").endswith(("the CPUs", "not the CPUs")) for row in rows), rows
+
+
 def test_a_baseline_run_reports_each_figure_as_a_ratio_to_it(tmp_path: Path) -> None:
     sys.path.insert(0, str(ROOT))
     from bench import baseline, report
