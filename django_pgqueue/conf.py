@@ -55,7 +55,7 @@ class PgQueueSettings:
     #: before it deems the connection half-open, closes it and reconnects (0: forever).
     RESPONSE_TIMEOUT: float = 30.0
     #: Most claimed jobs a worker holds beyond its running ones, for fast jobs (0: none).
-    PREFETCH: int = 100
+    PREFETCH: int = 400
     #: Most async handlers a worker runs at once on its event loop (0: none).
     ASYNC_CONCURRENCY: int = 100
     #: Most process-isolated jobs a worker runs at once, each in a child process.

@@ -11,6 +11,7 @@ from django_pgqueue.exceptions import InvalidWorkerOptionError
 from django_pgqueue.models import Job, JobStatus
 from django_pgqueue.schema import IN_FLIGHT
 from django_pgqueue.worker import Worker
+from django_pgqueue.worker.runner import RATED_PREFETCH
 from tests.workers import wait_for, worker_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -152,3 +153,15 @@ def test_a_busy_worker_claims_once_its_buffer_is_half_empty(running, outcomes, c
     worker._outcomes = [object()] * outcomes
 
     assert worker._claim_size() == claimed
+
+
+def test_the_buffer_is_shallower_while_rate_limits_exist():
+    """A prefetched job under a rate limit is counted in its windows before it starts:
+    while limits exist the buffer holds at most ``RATED_PREFETCH`` jobs, whatever
+    ``prefetch`` allows; without them, what ``prefetch`` allows."""
+    worker = Worker(concurrency=4, prefetch=400, worker_id="depth", listen=False)
+    worker._average_duration = 0.00002  # 20 ms of such jobs: 4,000 on 4 slots
+
+    assert worker._prefetch_depth() == 400
+    worker.pacing.limited = True
+    assert worker._prefetch_depth() == RATED_PREFETCH == 100

@@ -89,7 +89,7 @@ class Command(BaseCommand):
             type=int,
             default=None,
             help="Most claimed jobs held beyond the running ones, while jobs are fast "
-            "(default: PGQUEUE['PREFETCH'], 100 unless set; 0 disables prefetching).",
+            "(default: PGQUEUE['PREFETCH'], 400 unless set; 0 disables prefetching).",
         )
         parser.add_argument(
             "--poll-interval",
