@@ -613,7 +613,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--bulk", type=int, default=None, help="jobs enqueued in bulk")
     parser.add_argument("--drain", type=int, default=None, help="jobs drained per layout")
     parser.add_argument(
-        "--batch", type=int, default=50, help="jobs the floor's clients claim a round"
+        "--batch",
+        type=int,
+        default=bench.CEILING_BATCH,
+        help="jobs the floor's clients claim a round (default: %(default)s, a worker's own "
+        "with 4 slots)",
     )
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (the test suite's)")
     parser.add_argument(

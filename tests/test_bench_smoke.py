@@ -20,6 +20,7 @@ import psycopg
 import pytest
 
 from bench.common import with_database
+from bench.run import CEILING_BATCH
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -160,7 +161,7 @@ def test_cost_smoke_run_measures_each_step_and_the_floor(tmp_path: Path) -> None
         ("pgqueue", "drain", "1x16"),
         ("floor", "single", ""),
         ("floor", "bulk", ""),
-        ("floor", "drain", "4 clients, batch 50"),
+        ("floor", "drain", f"4 clients, batch {CEILING_BATCH}"),
     }
     for step in steps:
         assert step["wal"] > 0, step
