@@ -242,7 +242,7 @@ def targets(results: Results, ours: str = "pgqueue") -> list[Target]:
         Target(
             "W5 slowdown (W3 / W5)",
             slowdown,
-            1.2,
+            1.1,
             False,
             unit="x",
             detail=f"layout {variant or '-'}",
