@@ -301,7 +301,7 @@ SYSTEMS = [
         notes=(
             "`enqueue()` in autocommit (W1), `enqueue_many()` in chunks of 5,000 (W2), "
             "`manage.py pgqueue_worker --burst` through `call_command` (W3, W5, W6); "
-            "package defaults (prefetch up to 100 jobs while jobs are fast, NOTIFY on). "
+            "package defaults (prefetch up to 400 jobs while jobs are fast, NOTIFY on). "
             "W1 runs twice: with Django's default database options (no prepared "
             "statements, client-side binding) and with prepared statements turned on in "
             "`OPTIONS`, as psycopg has them for the bare INSERT; the W1 target compares "
@@ -366,7 +366,6 @@ SYSTEMS = [
         "chancy",
         {"1x4": "1 process, a queue of `concurrency=4` on its asyncio executor"},
         unsupported={
-            "W6": "n/a: not measured yet",
             "W7": "n/a: not measured yet",
             "W8": "n/a: not measured yet (its workflows are a plugin)",
             "W9": "n/a: not measured yet",
@@ -380,7 +379,8 @@ SYSTEMS = [
             "`Worker` with its default plugins, its queue declared with "
             "`executor=Chancy.Executor.Async`, `concurrency=4`, `polling_interval=1` and "
             "`eager_polling=True`, notifications on; stopped once no job is left (it has "
-            "no burst mode; W3, W5).",
+            "no burst mode; W3, W5, W6). W6's jobs have `max_attempts=3` and no retry "
+            "plugin: a failed attempt is due again at once.",
         ),
     ),
     SystemSpec(

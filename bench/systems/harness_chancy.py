@@ -21,7 +21,7 @@ import sys
 import time
 from typing import Any
 
-from chancy import Chancy, Job, Queue, Worker
+from chancy import Chancy, Job, Queue, QueuedJob, Worker
 
 from bench import common
 
@@ -41,6 +41,21 @@ QUEUE = Queue(
 async def noop(i: int, probe: bool = False) -> None:
     if probe:
         common.probe(i)
+
+
+async def cpu_flaky(i: int, *, context: QueuedJob) -> None:
+    """W6: burn a millisecond of CPU; every tenth job fails its first attempt."""
+    common.burn_cpu()
+    if context.attempts == 0 and common.fails_first_attempt(i):
+        raise common.FlakyJobError(i)
+
+
+# Chancy hands the job to a keyword-only parameter annotated with QueuedJob, a class:
+# this module's annotations are strings (``from __future__ import annotations``).
+cpu_flaky.__annotations__["context"] = QueuedJob
+#: W6's jobs may run twice: a failed attempt is retried at once (Chancy's default, with
+#: no retry plugin: the job is due again as soon as it is marked ``retrying``).
+FLAKY_ATTEMPTS = 3
 
 
 def _chancy(dsn: str, pool_size: int = 2) -> Chancy:
@@ -69,13 +84,15 @@ async def _truncate(dsn: str) -> None:
     await _sql(dsn, f"TRUNCATE {TABLE}")
 
 
-def _job(i: int, probe: bool = False) -> Job:
+def _job(i: int, probe: bool = False, kind: str = "noop") -> Job:
+    if kind == "cpu_flaky":
+        return Job.from_func(cpu_flaky, kwargs={"i": i}).with_max_attempts(FLAKY_ATTEMPTS)
     return Job.from_func(noop, kwargs={"i": i, "probe": probe} if probe else {"i": i})
 
 
-async def _enqueue_bulk(chancy: Chancy, jobs: int, chunk: int) -> None:
+async def _enqueue_bulk(chancy: Chancy, jobs: int, chunk: int, kind: str = "noop") -> None:
     for start in range(0, jobs, chunk):
-        part = [_job(i) for i in range(start, min(start + chunk, jobs))]
+        part = [_job(i, kind=kind) for i in range(start, min(start + chunk, jobs))]
         # One transaction per chunk, as the other systems' bulk enqueues.
         async for _ in chancy.push_many(part, batch_size=chunk):
             pass
@@ -107,14 +124,14 @@ async def enqueue_bulk(args: Any) -> dict[str, Any]:
 
 async def drain(args: Any) -> dict[str, Any]:
     processes, slots = common.parse_layout(args.layout)
-    if args.kind != "noop":
+    if args.kind not in ("noop", "cpu_flaky"):
         raise RuntimeError(f"no {args.kind} jobs in this harness")
     if not args.keep:
         await _truncate(args.dsn)
     else:
         await _sql(args.dsn, f"VACUUM {TABLE}")  # see --keep
     async with _chancy(args.dsn) as chancy:
-        await _enqueue_bulk(chancy, args.jobs, 5000)
+        await _enqueue_bulk(chancy, args.jobs, 5000, args.kind)
     await _sql(args.dsn, f"ANALYZE {TABLE}")  # statistics as autovacuum would leave them
     before = await _succeeded(args.dsn)
     group = common.WorkerGroup.start(
@@ -125,6 +142,11 @@ async def drain(args: Any) -> dict[str, Any]:
     done = await _succeeded(args.dsn) - before
     if done != args.jobs:
         raise RuntimeError(f"{done} of {args.jobs} jobs succeeded")
+    if args.kind == "cpu_flaky":
+        retried = (await _sql(args.dsn, f"SELECT count(*) FROM {TABLE} WHERE attempts > 1"))[0][0]
+        expected = sum(map(common.fails_first_attempt, range(args.jobs)))
+        if retried != expected:
+            raise RuntimeError(f"{retried} jobs ran twice, {expected} failed their first run")
     rows = await _sql(
         args.dsn,
         f"SELECT extract(epoch FROM max(completed_at)) FROM {TABLE} WHERE state = 'succeeded'",
