@@ -391,7 +391,6 @@ SYSTEMS = [
         "dbos",
         {"1x4": "1 process, a queue of `worker_concurrency=4` polled every 10 ms (threads)"},
         unsupported={
-            "W6": "n/a: not measured yet",
             "W7": "n/a: not measured yet",
             "W8": "n/a: not measured yet (its workflows are durable functions, not graphs)",
             "W9": "n/a: not measured yet (its partitioned queues limit a key)",
@@ -406,7 +405,9 @@ SYSTEMS = [
             "that runs no worker; a worker process launches DBOS with "
             "`Queue(worker_concurrency=4, polling_interval_sec=0.01)` (it dequeues by "
             "polling), its own `executor_id`, logs at errors only; stopped once no job is "
-            "left (it has no burst mode; W3, W5).",
+            "left (it has no burst mode; W3, W5, W6). W6's workflow runs its work as a "
+            "step with `retries_allowed=True, interval_seconds=0, max_attempts=3`: a "
+            "failed attempt is retried at once, in the same process.",
         ),
     ),
     SystemSpec(

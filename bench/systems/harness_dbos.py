@@ -39,10 +39,30 @@ POLL_SECONDS = 0.01
 BURST_CHECK_SECONDS = 0.02
 
 
+FLAKY_WORKFLOW = "bench_cpu_flaky"
+#: The W6 jobs of this process that failed their first attempt.
+_failed_once: set[int] = set()
+
+
 @DBOS.workflow(name=WORKFLOW)
 def noop(i: int, probe: bool = False) -> None:
     if probe:
         common.probe(i)
+
+
+@DBOS.step(retries_allowed=True, interval_seconds=0, max_attempts=3)
+def _burn(i: int) -> None:
+    """W6's work: a millisecond of CPU; every tenth job fails its first attempt, which
+    DBOS retries at once (a step's retries are its documented way)."""
+    common.burn_cpu()
+    if common.fails_first_attempt(i) and i not in _failed_once:
+        _failed_once.add(i)
+        raise common.FlakyJobError(i)
+
+
+@DBOS.workflow(name=FLAKY_WORKFLOW)
+def cpu_flaky(i: int) -> None:
+    _burn(i)
 
 
 def _sql(dsn: str, query: str, params: Any = None) -> list[tuple[Any, ...]]:
@@ -67,9 +87,13 @@ def _client(dsn: str) -> DBOSClient:
 
 
 OPTIONS: dict[str, Any] = {"queue_name": QUEUE, "workflow_name": WORKFLOW}
+#: The enqueue options of each kind of drain.
+KIND_OPTIONS = {"noop": OPTIONS, "cpu_flaky": {**OPTIONS, "workflow_name": FLAKY_WORKFLOW}}
 
 
-def _enqueue_bulk(client: DBOSClient, dsn: str, jobs: int, chunk: int) -> None:
+def _enqueue_bulk(
+    client: DBOSClient, dsn: str, jobs: int, chunk: int, options: dict[str, Any] = OPTIONS
+) -> None:
     import sqlalchemy
 
     engine = sqlalchemy.create_engine(dsn.replace("postgresql://", "postgresql+psycopg://", 1))
@@ -78,7 +102,7 @@ def _enqueue_bulk(client: DBOSClient, dsn: str, jobs: int, chunk: int) -> None:
             # One transaction per chunk, as the other systems' bulk enqueues.
             with engine.begin() as conn:
                 for i in range(start, min(start + chunk, jobs)):
-                    client.enqueue_in_transaction(conn, OPTIONS, i)  # type: ignore[arg-type]
+                    client.enqueue_in_transaction(conn, options, i)  # type: ignore[arg-type]
     finally:
         engine.dispose()
 
@@ -137,7 +161,7 @@ def enqueue_bulk(args: Any) -> dict[str, Any]:
 
 def drain(args: Any) -> dict[str, Any]:
     processes, slots = common.parse_layout(args.layout)
-    if args.kind != "noop":
+    if args.kind not in KIND_OPTIONS:
         raise RuntimeError(f"no {args.kind} jobs in this harness")
     if not args.keep:
         _truncate(args.dsn)
@@ -145,7 +169,7 @@ def drain(args: Any) -> dict[str, Any]:
         _sql(args.dsn, f"VACUUM {TABLE}")  # see --keep
     client = _client(args.dsn)
     try:
-        _enqueue_bulk(client, args.dsn, args.jobs, 5000)
+        _enqueue_bulk(client, args.dsn, args.jobs, 5000, KIND_OPTIONS[args.kind])
     finally:
         client.destroy()
     _sql(args.dsn, f"ANALYZE {TABLE}")  # statistics as autovacuum would leave them
