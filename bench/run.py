@@ -419,7 +419,6 @@ SYSTEMS = [
         {"1x4": "1 process, `absurd_worker --concurrency 4 --poll-interval 0.01` (threads)"},
         unsupported={
             "W5": "n/a: not measured yet",
-            "W6": "n/a: not measured yet",
             "W7": "n/a: not measured yet",
             "W8": "n/a: not measured yet (its workflows are durable steps, not graphs)",
             "W9": NO_PER_KEY_LIMITS,
@@ -433,7 +432,9 @@ SYSTEMS = [
             "`django_absurd.backends.AbsurdBackend`: `enqueue` (W1), and in a loop of "
             "5,000 to a transaction (W2: the Tasks API has no bulk enqueue); a worker "
             "process is `absurd_worker --concurrency 4 --poll-interval 0.01` (it polls; its "
-            "default is 0.25 s), stopped once no task is left (it has no burst mode; W3).",
+            "default is 0.25 s), stopped once no task is left (it has no burst mode; W3, "
+            'W6). W6\'s task has `@absurd_params(max_attempts=3, retry_strategy={"kind": '
+            '"fixed", "base_seconds": 0})`: a failed attempt is due again at once.',
         ),
         python="3.12",
     ),

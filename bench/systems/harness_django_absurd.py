@@ -65,15 +65,16 @@ def _truncate() -> None:
     _execute(f"TRUNCATE {', '.join(name for (name,) in tables)}")
 
 
-def _enqueue_bulk(jobs: int, chunk: int) -> None:
+def _enqueue_bulk(jobs: int, chunk: int, kind: str = "noop") -> None:
     from django.db import transaction
 
-    from bench.systems.absurd_tasks import noop
+    from bench.systems import absurd_tasks
 
+    task = absurd_tasks.cpu_flaky if kind == "cpu_flaky" else absurd_tasks.noop
     for start in range(0, jobs, chunk):
         with transaction.atomic():
             for i in range(start, min(start + chunk, jobs)):
-                noop.enqueue(i=i)
+                task.enqueue(i=i)
 
 
 def setup(args: Any) -> dict[str, Any]:
@@ -102,11 +103,11 @@ def enqueue_bulk(args: Any) -> dict[str, Any]:
 
 def drain(args: Any) -> dict[str, Any]:
     processes, slots = common.parse_layout(args.layout)
-    if args.kind != "noop":
+    if args.kind not in ("noop", "cpu_flaky"):
         raise RuntimeError(f"no {args.kind} tasks in this harness")
     if not args.keep:
         _truncate()
-    _enqueue_bulk(args.jobs, 5000)
+    _enqueue_bulk(args.jobs, 5000, args.kind)
     _execute(f"ANALYZE {TASKS}")  # statistics as autovacuum would leave them
     _execute(f"ANALYZE {RUNS}")
     before = _completed()
@@ -121,6 +122,11 @@ def drain(args: Any) -> dict[str, Any]:
     done = _completed() - before
     if done != args.jobs:
         raise RuntimeError(f"{done} of {args.jobs} tasks completed")
+    if args.kind == "cpu_flaky":
+        retried = _execute(f"SELECT count(*) FROM {TASKS} WHERE attempts > 1")[0][0]
+        expected = sum(map(common.fails_first_attempt, range(args.jobs)))
+        if retried != expected:
+            raise RuntimeError(f"{retried} tasks ran twice, {expected} failed their first run")
     last = _execute(f"SELECT extract(epoch FROM max(completed_at)) FROM {RUNS}")[0][0]
     return common.drain_rate(args.jobs, start, float(last), end)
 
