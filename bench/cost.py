@@ -681,12 +681,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     steps: list[Step] = []
     labels = {FLOOR: "bare SQL (floor)"}
     meta: dict[str, Any] = {
-        "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "commit": bench.git_commit(),
-        "machine": bench.machine(),
-        "server": "given by --database-url"
-        if args.database_url
-        else bench.started_server("bench/cost.py", SERVER_SETTINGS),
+        **bench.script_meta("bench/cost.py", args.database_url, SERVER_SETTINGS),
         "sizes": f"Single enqueue {sizes.single:,} jobs, bulk {sizes.bulk:,}, drains "
         f"{sizes.drain:,} with 4 and 16 slots; the floor's clients claim {args.batch} a round.",
     }

@@ -596,6 +596,19 @@ def add_server_setting_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def script_meta(
+    script: str, database_url: str | None, settings: Sequence[str] = ()
+) -> dict[str, Any]:
+    """What heads a script's results: when it started, the commit, the machine, and the
+    server (``database_url``'s, or the one ``script`` started with ``settings``)."""
+    return {
+        "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "commit": git_commit(),
+        "machine": machine(),
+        "server": "given by --database-url" if database_url else started_server(script, settings),
+    }
+
+
 def started_server(script: str, settings: Sequence[str]) -> str:
     """The results' ``server`` line for a server that ``script`` started, with its
     ``--server-setting`` values."""

@@ -25,7 +25,6 @@ import os
 import statistics
 import sys
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -177,12 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ours = next(spec for spec in bench.SYSTEMS if spec.name == "pgqueue")
     layouts = [Layout(p, s) for s in args.slots for p in args.processes]
     meta: dict[str, Any] = {
-        "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "commit": bench.git_commit(),
-        "machine": bench.machine(),
-        "server": "given by --database-url"
-        if args.database_url
-        else bench.started_server("bench/scale.py", ()),
+        **bench.script_meta("bench/scale.py", args.database_url),
         "jobs": args.jobs,
         "runs": args.runs,
     }
