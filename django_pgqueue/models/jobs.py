@@ -753,8 +753,7 @@ class Job(JobsDatabaseModel):
         attnames, pick = _row_plan(cls, tuple(columns))
         if _runs_init_signals(cls):
             return [cls.from_db(using, attnames, pick(row)) for row in rows]
-        # pick() returns one value per attribute name: zip needs no strict check.
-        return [_loaded(cls, dict(zip(attnames, pick(row))), using) for row in rows]  # noqa: B905
+        return [_loaded(cls, dict(zip(attnames, pick(row), strict=True)), using) for row in rows]
 
 
 @dataclass
@@ -841,13 +840,11 @@ def _fields_new_rows_lack(model: type[models.Model]) -> frozenset[str]:
 
 
 @functools.lru_cache(maxsize=32)
-@functools.lru_cache(maxsize=32)
 def _row_plan(
     model: type[Job], columns: tuple[str, ...]
 ) -> tuple[list[str], operator.itemgetter[tuple[Any, ...]]]:
     """For rows with these columns: the model's attribute names, and a getter picking
-    their values from a row in that order. Made once per model and columns: a claim
-    asks for it each time (the callers never change the list)."""
+    their values from a row in that order."""
     attnames = [f.attname for f in model._meta.concrete_fields]
     missing = [name for name in attnames if name not in columns]
     if missing:
