@@ -63,6 +63,16 @@ def fails_first_attempt(i: int) -> bool:
     return i % FAIL_EVERY == 0
 
 
+def check_retried(retried: int, jobs: int) -> None:
+    """Raise unless exactly the W6 jobs that fail their first attempt ran twice.
+
+    ``retried``: how many of the ``jobs`` (numbered from 0) the system ran more than once.
+    """
+    expected = sum(map(fails_first_attempt, range(jobs)))
+    if retried != expected:
+        raise RuntimeError(f"{retried} jobs ran twice, {expected} failed their first run")
+
+
 def burn_cpu(seconds: float = CPU_JOB_SECONDS) -> None:
     """Spin for ``seconds`` of thread CPU time (not wall time: the GIL is shared)."""
     deadline = time.thread_time() + seconds

@@ -1063,13 +1063,12 @@ class Bench:
                         )
             if workload == "W3" and self.pgbench:
                 binary, dsn = self.pgbench
-                for batch in (CEILING_BATCH,):
-                    self.throughput(
-                        ("pgbench", "W3", f"batch {batch}"),
-                        run,
-                        nominal,
-                        lambda n, b=batch, x=binary, d=dsn: run_pgbench(x, d, n, b),
-                    )
+                self.throughput(
+                    ("pgbench", "W3", f"batch {CEILING_BATCH}"),
+                    run,
+                    nominal,
+                    lambda n, x=binary, d=dsn: run_pgbench(x, d, n, CEILING_BATCH),
+                )
 
     def rate_limit(self) -> None:
         """W10: a backlog under a rate limit, run by ``W10_LAYOUT`` workers: the rate
