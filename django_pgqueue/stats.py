@@ -61,7 +61,10 @@ _FINISHED_NAMES = ("completed", "failed", "cancelled")
 _NOW = "statement_timestamp()"
 
 # Pending jobs are read from two partial indexes: the claimable ones, and the ones held
-# back by a per-key limit (which always have a key).
+# back by a per-key limit (which always have a key). The claimable ones' ``held`` is the
+# constant its index's predicate implies, so that they are read from the index alone
+# (``held`` is not one of its columns): reading their rows made the plan a scan of the
+# whole table at 2,000,000 jobs.
 _PENDING = f"""
 SELECT queue,
        count(*) FILTER (WHERE {DUE}),
@@ -69,7 +72,7 @@ SELECT queue,
        count(*) FILTER (WHERE held),
        EXTRACT(EPOCH FROM {_NOW} - min(run_at) FILTER (WHERE {DUE}))::float8
   FROM (
-    SELECT queue, run_at, held FROM pgqueue_jobs
+    SELECT queue, run_at, false AS held FROM pgqueue_jobs
      WHERE {status_in(JobStatus.PENDING)} AND NOT held
     UNION ALL
     SELECT queue, run_at, held FROM pgqueue_jobs
