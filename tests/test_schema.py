@@ -63,6 +63,9 @@ def function_source(name: str) -> str:
         ("idx_jobs_claimable", CLAIMABLE),
         ("idx_jobs_worker", IN_FLIGHT),
         ("idx_jobs_finished", FINISHED),
+        ("idx_jobs_finished_queue", FINISHED),
+        ("idx_jobs_finished_job_type", FINISHED),
+        ("idx_jobs_waiting", BLOCKED),
         ("pgqueue_jobs_unique_key_active", ACTIVE),
     ],
 )

@@ -43,6 +43,30 @@ class _CancelSignal(Protocol):
 RETRY_PERMISSION = "retry_job"
 
 
+# The rows of each partial index below that has one state class as its predicate:
+# together, every job in every state, so a filter ANDed with ``EVERY_JOB_BY_STATE`` can
+# be served by a bitmap scan of these indexes for a value few jobs have (the admin's
+# queue and job type filters). Held jobs always have a key (only the key limits' sweep
+# holds a job, and only a keyed one).
+_CLAIMABLE_ROWS = Q(status=JobStatus.PENDING.value, held=False)
+_KEYED_PENDING_ROWS = Q(status=JobStatus.PENDING.value, concurrency_key__isnull=False)
+_IN_FLIGHT_ROWS = Q(status__in=schema.values(IN_FLIGHT))
+_FINISHED_ROWS = Q(status__in=schema.values(FINISHED))
+_WAITING_ROWS = Q(status=JobStatus.WAITING.value)
+
+#: Every job, written as one alternative per partial index (see above). Always true;
+#: ``Job.objects.filter(Q(queue=...) & EVERY_JOB_BY_STATE)`` lets PostgreSQL choose
+#: between walking ``idx_jobs_created`` (a common value) and a ``BitmapOr`` of those
+#: indexes (a rare one).
+EVERY_JOB_BY_STATE = (
+    _FINISHED_ROWS
+    | _CLAIMABLE_ROWS
+    | (_KEYED_PENDING_ROWS & Q(held=True))
+    | _IN_FLIGHT_ROWS
+    | _WAITING_ROWS
+)
+
+
 #: ``Job.objects``: the transitions of ``JobQuerySet`` on the jobs database.
 JobManager = JobsDatabaseManager.from_queryset(JobQuerySet)
 
@@ -220,13 +244,13 @@ class Job(JobsDatabaseModel):
                 fields=[*CLAIM_INDEX_FIELDS, "queue", "job_type"],
                 name="idx_jobs_claimable",
                 # CLAIMABLE, its one state, without the jobs held back by a key's limit.
-                condition=Q(status=JobStatus.PENDING.value, held=False),
+                condition=_CLAIMABLE_ROWS,
             ),
             # Per-key limits: a key's visible and held pending jobs, in claim order ...
             models.Index(
                 fields=["job_type", "concurrency_key", "held", *CLAIM_INDEX_FIELDS],
                 name="idx_jobs_keyed",
-                condition=Q(status=JobStatus.PENDING.value, concurrency_key__isnull=False),
+                condition=_KEYED_PENDING_ROWS,
             ),
             # ... and its jobs in flight, which the claim counts.
             models.Index(
@@ -237,7 +261,7 @@ class Job(JobsDatabaseModel):
             models.Index(
                 fields=["worker_id", "heartbeat_at"],
                 name="idx_jobs_worker",
-                condition=Q(status__in=schema.values(IN_FLIGHT)),
+                condition=_IN_FLIGHT_ROWS,
             ),
             # The claim's test of whether a worker holds a job lost with its worker: empty
             # but for such jobs in flight, so the test costs a claim next to nothing.
@@ -251,7 +275,7 @@ class Job(JobsDatabaseModel):
             models.Index(
                 fields=["completed_at"],
                 name="idx_jobs_finished",
-                condition=Q(status__in=schema.values(FINISHED)),
+                condition=_FINISHED_ROWS,
             ),
             # The admin's errors page groups failed jobs by job type and error class, the
             # newest of each group first, from the index alone: its cost follows the
@@ -266,6 +290,27 @@ class Job(JobsDatabaseModel):
             # The admin lists newest first (then by id, for a stable order): without it
             # every page of the changelist sorts the whole table.
             models.Index(fields=["created_at", "id"], name="idx_jobs_created"),
+            # The admin's filters on a queue or a job type find the jobs of a value that
+            # few jobs have through these and the other states' own indexes
+            # (EVERY_JOB_BY_STATE); each is written once a job, when it finishes. A
+            # common value walks idx_jobs_created instead.
+            models.Index(
+                fields=["queue"],
+                name="idx_jobs_finished_queue",
+                condition=_FINISHED_ROWS,
+            ),
+            models.Index(
+                fields=["job_type"],
+                name="idx_jobs_finished_job_type",
+                condition=_FINISHED_ROWS,
+            ),
+            # Waiting jobs have no other index on their status; only jobs enqueued with
+            # dependencies are ever written to it.
+            models.Index(
+                fields=["queue", "job_type"],
+                name="idx_jobs_waiting",
+                condition=_WAITING_ROWS,
+            ),
             # A workflow's steps, for its page and for cancelling it.
             models.Index(
                 fields=["workflow_id", "created_at"],
