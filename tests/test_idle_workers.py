@@ -18,7 +18,8 @@ from django.utils import timezone
 
 from django_pgqueue import RetryJob, enqueue, enqueue_many, job
 from django_pgqueue.models import Job, JobStatus, WorkerRecord
-from django_pgqueue.worker import queries, slots
+from django_pgqueue.sideconn import open_raw_connection
+from django_pgqueue.worker import listener, queries, slots
 from tests.testapp.models import Execution
 from tests.workers import wait_for, worker_thread
 
@@ -185,6 +186,32 @@ def test_a_light_load_runs_on_one_slot_and_its_connection():
         held = held_backends(before)
         assert min(held) == 3 and max(held) <= 4, held
         assert worker.stats["completed"] == 8
+
+
+def test_a_starting_worker_beats_on_the_listeners_connection_from_its_first_beat(
+    pgqueue_settings, monkeypatch
+):
+    # The heartbeat thread starts before the listener: its first beat, on a connection of
+    # its own when the listener was not listening yet, held that connection until the
+    # next beat, long after start for an idle worker. Here the listener connects 0.3 s
+    # late, as on a busy machine. The first beat's periodic work waits for the next
+    # beat: none until then.
+    pgqueue_settings(HEARTBEAT_INTERVAL=30, STALE_AFTER=120)
+
+    def slow_connection(*args, **kwargs):
+        time.sleep(0.3)
+        return open_raw_connection(*args, **kwargs)
+
+    monkeypatch.setattr(listener, "open_raw_connection", slow_connection)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+        before = {pid for (pid,) in cursor.fetchall()}
+    with worker_thread(poll_interval=POLL, concurrency=4) as worker:
+        wait_for(lambda: worker._heartbeat is not None and worker._heartbeat._beaten)
+        wait_for(lambda: worker._listener is not None and worker._listener.listening.is_set())
+        # The main loop's and the listener's.
+        held = held_backends(before)
+        assert max(held) == 2, held
 
 
 def test_without_notify_the_heartbeat_beats_on_a_connection_of_its_own():

@@ -104,6 +104,13 @@ class Heartbeat(threading.Thread):
         # Every statement of this thread's connection is bounded: a heartbeat stuck on a
         # half-open connection would let this worker's jobs be recovered while it runs.
         unanswered = statement_guard(self._response_timeout, "the heartbeat's statements")
+        if self._listener is not None:
+            # The listener starts after this thread: a first beat before it listens would
+            # open a connection of this thread's, held until the next beat.
+            deadline = started + LISTENER_WAIT
+            while not self._listener.listening.wait(0.02) and time.monotonic() < deadline:
+                if self._stopping.is_set():
+                    break
         try:
             with connections[self._alias].execute_wrapper(unanswered):
                 while not self._stopping.is_set():
