@@ -88,6 +88,15 @@ class Results:
             "figures": [asdict(f) for f in self.figures],
         }
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Results:
+        """The results ``to_json()`` wrote (``results.json``)."""
+        return cls(
+            meta=data["meta"],
+            systems=[SystemInfo(**s) for s in data["systems"]],
+            figures=[Figure(**f) for f in data["figures"]],
+        )
+
 
 def _fmt_rate(value: float | None) -> str:
     if value is None:
@@ -418,6 +427,13 @@ def markdown(results: Results) -> str:
         "|---|---|",
         *(f"| {k} | {v} |" for k, v in meta.get("settings", {}).items()),
         "",
+        "## Side by side",
+        "",
+        "Each system's median in its best layout (the tables below give every layout, "
+        "with min and max). n/a: not measured for that system (see the notes).",
+        "",
+        *side_by_side(results),
+        "",
         "## Targets (django-pgqueue)",
         "",
         targets_table(results),
@@ -735,6 +751,16 @@ def _color(system: str) -> str:
         "procrastinate": "#e3872d",
         "pgqueuer": "#3b9c54",
         "django-tasks-db": "#b54a8f",
+        "oban": "#8c6d31",
+        "chancy": "#17becf",
+        "dbos": "#9467bd",
+        "django-absurd": "#bcbd22",
+        "celery": "#d62728",
+        "celery-durable": "#ff9896",
+        "rq": "#7f3b08",
+        "rq-durable": "#c7a27c",
+        "dramatiq": "#2ca02c",
+        "dramatiq-durable": "#98df8a",
     }.get(system, "#777777")
 
 
@@ -815,6 +841,67 @@ def _cpu_table(results: Results) -> list[str]:
         *rows,
         "",
     ]
+
+
+#: The workloads of the side-by-side table, with their column headers and units.
+SIDE_BY_SIDE = (
+    ("W1", "W1 single enqueue (jobs/s)", "jobs/s"),
+    ("W2", "W2 bulk enqueue (jobs/s)", "jobs/s"),
+    ("W3", "W3 drain, 4 slots (jobs/s)", "jobs/s"),
+    ("W4-p50", "W4 latency p50 (ms)", "ms"),
+    ("W4-p99", "W4 latency p99 (ms)", "ms"),
+    ("W6", "W6 1 ms jobs, 10 % retried (jobs/s)", "jobs/s"),
+)
+
+
+def _kept_in(system: SystemInfo) -> str:
+    """What a system's queue promises when it says a job is enqueued."""
+    if not system.on_redis:
+        return "PostgreSQL, durable commit"
+    if system.name.endswith("-durable"):
+        return "Redis, `appendfsync always`"
+    return "Redis, no persistence"
+
+
+def side_by_side(results: Results) -> list[str]:
+    """One row a system: each workload's median in the system's best layout (the
+    README's table); W1 with the system's default options."""
+    out = [
+        "| System | Queue kept in | " + " | ".join(h for _, h, _ in SIDE_BY_SIDE) + " |",
+        "|---|---|" + "---:|" * len(SIDE_BY_SIDE),
+    ]
+    for system in results.systems:
+        if system.name in ("pgbench", "reference"):
+            continue
+        if system.status != "ok":
+            out.append(
+                f"| {system.label} | {_kept_in(system)} | {system.status} |"
+                + " |" * (len(SIDE_BY_SIDE) - 1)
+            )
+            continue
+        cells = []
+        for workload, _, unit in SIDE_BY_SIDE:
+            lower_is_better = unit == "ms"
+            candidates = [
+                f
+                for f in results.figures
+                if f.system == system.name
+                and f.workload == workload
+                and f.median is not None
+                # W1 with Django's default options: prepared statements are a choice.
+                and not (workload == "W1" and f.variant)
+            ]
+            best = (min if lower_is_better else max)(
+                candidates, key=lambda f: f.median or 0.0, default=None
+            )
+            if best is None:
+                cells.append("n/a")
+            else:
+                fmt = _fmt_ms if lower_is_better else _fmt_rate
+                cells.append(fmt(best.median))
+        label = _system_label(results, system.name)
+        out.append(f"| {label} | {_kept_in(system)} | " + " | ".join(cells) + " |")
+    return out
 
 
 def summary_lines(results: Results) -> Iterable[str]:

@@ -258,6 +258,48 @@ def test_the_w3_targets_take_postgresql_and_redis_peers_apart() -> None:
     assert "dramatiq 1x4" in on_redis.detail
 
 
+def test_the_side_by_side_table_shows_each_systems_best_layout_and_its_durability() -> None:
+    sys.path.insert(0, str(ROOT))
+    from bench import report
+
+    results = report.Results(
+        meta={},
+        systems=[
+            report.SystemInfo("pgqueue", "django-pgqueue", version="0.1"),
+            report.SystemInfo("celery-durable", "Celery on durable Redis", on_redis=True),
+            report.SystemInfo("rq", "RQ on Redis", on_redis=True, status="unavailable: no"),
+        ],
+        figures=[
+            report.Figure("pgqueue", "W3", "1x4", values=[12000.0]),
+            report.Figure("pgqueue", "W3", "2x2", values=[18000.0, 20000.0]),
+            report.Figure("pgqueue", "W4-p99", "1x4", values=[3.0]),
+            report.Figure("pgqueue", "W4-p99", "2x2", values=[2.5]),
+            report.Figure("celery-durable", "W1", "", values=[1500.0]),
+        ],
+    )
+
+    rows = report.side_by_side(results)[2:]
+
+    ours = rows[0].split(" | ")
+    assert ours[:2] == ["| django-pgqueue 0.1", "PostgreSQL, durable commit"]
+    assert ours[4] == "19,000"  # W3: the faster layout, its median
+    assert ours[6] == "2.5"  # W4 p99: the lower
+    assert ours[2] == "n/a"
+    assert rows[1].startswith("| Celery on durable Redis | Redis, `appendfsync always` | 1,500 |")
+    assert rows[2].startswith("| RQ on Redis | Redis, no persistence | unavailable: no |")
+
+
+def test_the_readmes_table_is_the_committed_results() -> None:
+    # The README's figures come from bench/results/results.json, never typed by hand.
+    check = subprocess.run(
+        [sys.executable, "bench/readme_table.py", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert check.returncode == 0, check.stderr
+
+
 def test_w1_is_judged_against_celery_and_w4_p99_against_the_best_peer() -> None:
     sys.path.insert(0, str(ROOT))
     from bench import report
