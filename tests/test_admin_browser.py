@@ -338,6 +338,32 @@ def test_the_queue_overview_shows_queues_and_workers(page, staff, make_job, scre
         screenshot(page, "admin-overview.png")
 
 
+def test_a_workers_page_shows_what_it_serves_and_the_job_it_runs(page, staff, screenshot):
+    job = enqueue("tests.progress", {"sleep": 1.0, "report_id": 7})
+    log_in(page, staff("watcher", "view_job"))
+
+    with worker_thread(concurrency=2, queues=["default"], job_types=["tests.progress"]) as worker:
+        wait_for(lambda: Job.objects.filter(pk=job.pk, progress__gt=0).exists())
+        page.goto(reverse("admin:django_pgqueue_job_overview"))
+        page.get_by_role("link", name=worker.worker_id).click()
+        page.wait_for_url(f"**/{worker.worker_id}/")
+
+        def fact(name: str) -> str:
+            header = page.get_by_role("rowheader", name=name, exact=True)
+            return page.locator("#pgqueue-worker tr", has=header).locator("td").inner_text()
+
+        assert fact("State").startswith("alive")
+        assert fact("Queues") == "default"
+        assert fact("Job types") == "tests.progress"
+        assert "ago" in fact("Last heartbeat")
+        held = page.locator("#pgqueue-worker-jobs tr.pgqueue-worker-job")
+        assert held.count() == 1
+        assert "tests.progress\tdefault\tRunning" in held.inner_text()
+        screenshot(page, "admin-worker.png")
+        held.get_by_role("link").click()
+        page.wait_for_url(f"**/{job.pk}/change/")
+
+
 def test_the_changelist_fits_a_1280_pixel_wide_window(page, staff, make_job):
     scenery(make_job)
     log_in(page, staff("watcher", "view_job"))
