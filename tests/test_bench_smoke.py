@@ -53,7 +53,13 @@ def test_bench_smoke_run_measures_every_workload(tmp_path: Path) -> None:
     assert "FAILED" not in result.stderr, result.stderr[-3000:]
 
     report = (tmp_path / "results.md").read_text()
-    row = next(line for line in report.splitlines() if line.startswith("| django-pgqueue"))
+    # The side-by-side table heads the report: every workload of it measured.
+    side = report.split("## Side by side", 1)[1].split("\n## ", 1)[0]
+    row = next(line for line in side.splitlines() if line.startswith("| django-pgqueue"))
+    for cell in row.strip("|").split("|")[2:]:
+        assert re.fullmatch(r"[\d,.]+", cell.strip()), row
+    enqueue = report.split("## Enqueue and latency", 1)[1].split("\n## ", 1)[0]
+    row = next(line for line in enqueue.splitlines() if line.startswith("| django-pgqueue"))
     w1, w2, p50, p99 = (cell.strip() for cell in row.strip("|").split("|")[1:5])
     for cell in (w1, w2, p50, p99):
         assert re.fullmatch(r"[\d,.]+", cell), row
