@@ -104,13 +104,6 @@ class Heartbeat(threading.Thread):
         # Every statement of this thread's connection is bounded: a heartbeat stuck on a
         # half-open connection would let this worker's jobs be recovered while it runs.
         unanswered = statement_guard(self._response_timeout, "the heartbeat's statements")
-        if self._listener is not None:
-            # The listener starts after this thread: a first beat before it listens would
-            # open a connection of this thread's, held until the next beat.
-            deadline = started + LISTENER_WAIT
-            while not self._listener.listening.wait(0.02) and time.monotonic() < deadline:
-                if self._stopping.is_set():
-                    break
         try:
             with connections[self._alias].execute_wrapper(unanswered):
                 while not self._stopping.is_set():
@@ -125,9 +118,11 @@ class Heartbeat(threading.Thread):
                         next_beat = time.monotonic() + self._beat_interval()
                     if self.leads and time.monotonic() >= next_schedule:
                         next_schedule = self._enqueue_periodic_jobs()
-                    if self._listener is not None and self._listener.listening.is_set():
+                    if self._listener is not None:
                         # The beats go through the listener: hold no connection between
-                        # the leader's rounds of periodic work.
+                        # the leader's rounds of periodic work, nor after a beat made
+                        # while the listener could not lend its connection (the first,
+                        # often: this thread starts before the listener listens).
                         connections[self._alias].close()
         finally:
             connections.close_all()
