@@ -10,7 +10,7 @@
 #   make typecheck  mypy (strict, with django-stubs) on django_pgqueue/
 #   make docs    build the documentation (mkdocs --strict)
 #   make release-check  build the wheel and sdist, check them, install the wheel and run a job
-#   make bench   benchmark against the peers and pgbench (~20 min; BENCH_ARGS=--quick)
+#   make bench   benchmark against every peer and pgbench (~20 min; BENCH_ARGS=--quick)
 #   make bench-steady  long run of drains with and without pruning (BENCH_ARGS=--quick)
 #
 # Set DATABASE_URL to use your own PostgreSQL instead of a throwaway one.

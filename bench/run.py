@@ -84,10 +84,11 @@ class Sizes:
     w5_rows: int
     w6: int
     runs: int
-    #: Seconds one run of a throughput figure should take at most. Before its first run,
-    #: a calibration run of a tenth of the size estimates the system's rate; a system too
-    #: slow to do the nominal size in time does fewer jobs (down to a quarter), the same
-    #: number in every run (flagged in the report). None: always the nominal size.
+    #: Seconds one run of a throughput figure should take. Before its first run, a
+    #: calibration run of ``1 / SMALLEST_SHARE`` of the size estimates the system's rate;
+    #: a system that would need over 1.5 times the budget does the budget's worth of jobs
+    #: instead (down to that share), the same number in every run (flagged in the report).
+    #: None: always the nominal size.
     budget: float | None
     #: Drains run in every layout of a system; the others in its first layout only.
     every_layout: tuple[str, ...] = ("W3", "W5", "W6", "W8", "W9", "W11", "W13")
@@ -122,7 +123,11 @@ class Sizes:
         )
 
 
-FULL = Sizes(10_000, 50_000, 20_000, 200, 1_000_000, 3_000, 3, 20.0)
+#: The full run: every figure once, slow systems held to about 5 s of timed work a
+#: figure, so that every system and workload fit in about 20 minutes on 2 cores.
+FULL = Sizes(10_000, 50_000, 20_000, 200, 1_000_000, 3_000, 1, 5.0)
+#: A calibration run, and the fewest jobs a budgeted figure does: this share of its size.
+SMALLEST_SHARE = 20
 QUICK = Sizes(
     2_000,
     10_000,
@@ -131,7 +136,7 @@ QUICK = Sizes(
     100_000,
     1_000,
     1,
-    None,
+    3.0,
     w9=5_000,
     w10_seconds=20,
     w11=5_000,
@@ -543,11 +548,6 @@ WORKLOADS = (
     "W13",
 )
 ALL_NAMES = [spec.name for spec in SYSTEMS] + ["pgbench"]
-#: Run when --systems is not given. The Redis-based peers are run when named: Celery's
-#: untimed enqueues at 1,300-3,000 tasks a second would double a full run's 20 minutes,
-#: and RQ's default worker drains about 160 jobs a second.
-REDIS_NAMES = tuple(spec.name for spec in SYSTEMS if spec.redis is not None)
-DEFAULT_NAMES = [name for name in ALL_NAMES if name not in REDIS_NAMES]
 
 
 class Unavailable(Exception):
@@ -953,15 +953,14 @@ class Bench:
         jobs = nominal
         budget = self.sizes.budget
         if budget and nominal >= 2000:
-            probe = max(500, nominal // 10)
+            probe = max(500, nominal // SMALLEST_SHARE)
             try:
                 rate = measure(probe)["rate"]
             except (HarnessError, OSError, subprocess.SubprocessError, KeyError):
                 rate = 0.0
             if rate and nominal / rate > 1.5 * budget:
-                # Not below a quarter: a calibration run is short and noisy, and start-up
-                # costs weigh more in a short run.
-                jobs = max(nominal // 4, int(rate * budget) // 500 * 500)
+                # Not below the calibration's size: it is short and noisy already.
+                jobs = max(probe, int(rate * budget) // 100 * 100)
                 label = " ".join(part for part in key if part)
                 log(f"{label}: {rate:,.0f} jobs/s on {probe:,}: {jobs:,} jobs per run")
         self.jobs[key] = jobs
@@ -1262,12 +1261,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="a few hundred jobs, 1 run, no chart (what the test suite runs)",
     )
-    parser.add_argument("--runs", type=int, default=None, help="runs per figure (default: 3)")
+    parser.add_argument("--runs", type=int, default=None, help="runs per figure (default: 1)")
     parser.add_argument(
         "--systems",
         default=None,
-        help=f"comma-separated, from {','.join(ALL_NAMES)} "
-        "(default: all but the Celery ones; --smoke: pgqueue)",
+        help=f"comma-separated, from {','.join(ALL_NAMES)} (default: all; --smoke: pgqueue)",
     )
     add_server_setting_argument(parser)
     parser.add_argument(
@@ -1349,7 +1347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = SMOKE if args.smoke else QUICK if args.quick else FULL
     if args.runs:
         sizes = Sizes(**{**sizes.__dict__, "runs": args.runs})
-    default_systems = "pgqueue" if args.smoke else ",".join(DEFAULT_NAMES)
+    default_systems = "pgqueue" if args.smoke else ",".join(ALL_NAMES)
     names = [n.strip() for n in (args.systems or default_systems).split(",") if n.strip()]
     unknown = sorted(set(names) - set(ALL_NAMES))
     if unknown:
@@ -1403,9 +1401,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 *(
                     [
                         f"A system that would need more than {1.5 * sizes.budget:g} s for one "
-                        "run (estimated by a calibration run of a tenth of the size) does "
-                        f"about {sizes.budget:g} s worth of jobs per run instead (at least a "
-                        "quarter of the size), the same number in every run: [n=...] in a "
+                        f"run (estimated by a calibration run of 1/{SMALLEST_SHARE} of the "
+                        f"size) does about "
+                        f"{sizes.budget:g} s worth of jobs per run instead (at least that "
+                        "calibration's size), the same number in every run: [n=...] in a "
                         "cell. Rates stay comparable."
                     ]
                     if sizes.budget
