@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,7 @@ class Figure:
             return self.error
         if not self.values:
             return "-"
-        fmt = _fmt_ms if unit == "ms" else _fmt_rate
+        fmt = _formatter(unit)
         text = fmt(self.median)
         if len(self.values) > 1:
             text += f" ({fmt(min(self.values))}-{fmt(max(self.values))})"
@@ -108,6 +108,11 @@ def _fmt_ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def _formatter(unit: str) -> Callable[[float | None], str]:
+    """How a figure in ``unit`` is written: milliseconds to a tenth, rates whole."""
+    return _fmt_ms if unit == "ms" else _fmt_rate
+
+
 def _ratio(value: float | None, reference: float | None) -> float | None:
     if value is None or not reference:
         return None
@@ -151,14 +156,22 @@ def _fmt_value(unit: str) -> Any:
     return lambda v: f"{v:,.0f} jobs/s"
 
 
-def best_variant(results: Results, system: str, workload: str = "W3") -> Figure | None:
-    """The variant of ``system`` with the highest median for ``workload``."""
+def best_variant(
+    results: Results, system: str, workload: str = "W3", *, unit: str = "jobs/s"
+) -> Figure | None:
+    """The variant of ``system`` with the best median for ``workload``: the highest, or
+    the lowest for a time (``unit`` "ms"). W1's best is with the system's default
+    options: prepared statements are a choice, not a layout."""
     candidates = [
         f
         for f in results.figures
-        if f.system == system and f.workload == workload and f.median is not None
+        if f.system == system
+        and f.workload == workload
+        and f.median is not None
+        and not (workload == "W1" and f.variant)
     ]
-    return max(candidates, key=lambda f: f.median or 0.0, default=None)
+    best = min if unit == "ms" else max
+    return best(candidates, key=lambda f: f.median or 0.0, default=None)
 
 
 #: How the W1 "prepared" run configures Django, as the report prints it.
@@ -881,24 +894,8 @@ def side_by_side(results: Results) -> list[str]:
             continue
         cells = []
         for workload, _, unit in SIDE_BY_SIDE:
-            lower_is_better = unit == "ms"
-            candidates = [
-                f
-                for f in results.figures
-                if f.system == system.name
-                and f.workload == workload
-                and f.median is not None
-                # W1 with Django's default options: prepared statements are a choice.
-                and not (workload == "W1" and f.variant)
-            ]
-            best = (min if lower_is_better else max)(
-                candidates, key=lambda f: f.median or 0.0, default=None
-            )
-            if best is None:
-                cells.append("n/a")
-            else:
-                fmt = _fmt_ms if lower_is_better else _fmt_rate
-                cells.append(fmt(best.median))
+            best = best_variant(results, system.name, workload, unit=unit)
+            cells.append("n/a" if best is None else _formatter(unit)(best.median))
         label = _system_label(results, system.name)
         out.append(f"| {label} | {_kept_in(system)} | " + " | ".join(cells) + " |")
     return out
