@@ -201,6 +201,24 @@ def test_scale_smoke_run_drains_in_each_layout(tmp_path: Path) -> None:
     assert all(row.rstrip(" |").endswith(("the CPUs", "not the CPUs")) for row in rows), rows
 
 
+def test_designs_smoke_run_drains_every_design_and_compares_it_with_today(
+    tmp_path: Path,
+) -> None:
+    result = run_smoke("designs.py", tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    designs = json.loads((tmp_path / "designs.json").read_text())["designs"]
+    assert list(designs) == ["today", "history", "narrow-claim", "outcomes"]
+    for name, measured in designs.items():
+        assert measured["single_wal"][0] > 0 and measured["drain_rate"][0] > 0, name
+    # The design written to spare the WAL: a job's row written once, narrow rows after.
+    assert designs["outcomes"]["drain_wal"][0] < designs["today"]["drain_wal"][0] / 2, designs
+    report = (tmp_path / "designs.md").read_text()
+    rows = [line for line in report.splitlines() if line.startswith("| `")]
+    assert [row.split("`")[1] for row in rows] == list(designs)
+    assert rows[0].endswith("| 1.00x | 1.00x |"), rows
+
+
 def test_a_baseline_run_reports_each_figure_as_a_ratio_to_it(tmp_path: Path) -> None:
     sys.path.insert(0, str(ROOT))
     from bench import baseline, report
