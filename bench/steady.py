@@ -81,6 +81,11 @@ class Plan:
         ]
 
 
+#: The modes' names, in the order they run.
+MODE_NAMES = ("retention", "none")
+#: The long run's target: the last tenth of its rounds drain at least this share of
+#: the first tenth's rate, with pruning on.
+STEADY_TARGET = 0.9
 FULL = Plan("full", rounds=30, jobs=20_000, pause=0.0, retention=5.0)
 QUICK = Plan("quick", rounds=6, jobs=5_000, pause=0.0, retention=5.0)
 # Rounds this small end long before a default heartbeat (10 s): beats every 0.5 s and a
@@ -220,9 +225,13 @@ def _mode_process(dsn: str, settings: dict[str, Any], plan: Plan) -> Iterator[di
         process.wait()
 
 
-def measure(admin_url: str, plan: Plan, *, keep: bool) -> list[Mode]:
+def measure(
+    admin_url: str, plan: Plan, *, keep: bool, only: Sequence[str] = MODE_NAMES
+) -> list[Mode]:
     modes = []
     for name, label, settings in plan.modes():
+        if name not in only:
+            continue
         mode = Mode(name, label, settings, [])
         modes.append(mode)
         dsn = fresh_database(admin_url, f"steady_{name}")
@@ -311,6 +320,20 @@ def summary_lines(modes: list[Mode], plan: Plan) -> list[str]:
         if mode.worker_exit not in (0, None):
             text += f"; the worker exited with status {mode.worker_exit}"
         lines.append(text)
+    pruning = next((m for m in modes if m.name == "retention" and m.rounds), None)
+    if pruning is not None and len(pruning.rounds) >= 10:
+        tenth = len(pruning.rounds) // 10
+        head = sum(r["rate"] for r in pruning.rounds[:tenth]) / tenth
+        tail = sum(r["rate"] for r in pruning.rounds[-tenth:]) / tenth
+        verdict_word = "PASS" if tail >= STEADY_TARGET * head else "MISS"
+        lines.append(
+            f"- {verdict_word} with pruning, the last tenth of the rounds drained "
+            f"{_ratio(tail, head)} the first tenth's rate (target at least "
+            f"{STEADY_TARGET:g}x): {tail:,.0f} against {head:,.0f} jobs/s, the means of "
+            f"{tenth} rounds each."
+        )
+    if len(modes) != 2:
+        return lines
     retained, kept = (m.rounds for m in modes)
     if retained and kept and len(retained) == len(kept):
         lines.append(
@@ -450,6 +473,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="2 rounds of 200 jobs, short heartbeats, no chart (what the test suite runs)",
     )
     parser.add_argument("--rounds", type=int, default=None, help="rounds per mode (default: 30)")
+    parser.add_argument(
+        "--modes",
+        default=",".join(MODE_NAMES),
+        help="comma-separated, from retention (pruning on) and none (finished jobs kept); "
+        "default: both",
+    )
     parser.add_argument("--jobs", type=int, default=None, help="jobs per round (default: 20,000)")
     parser.add_argument(
         "--database-url",
@@ -483,6 +512,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan = replace(plan, rounds=args.rounds or plan.rounds, jobs=args.jobs or plan.jobs)
     if plan.rounds < 1 or plan.jobs < 1:
         raise SystemExit("--rounds and --jobs must be at least 1")
+    only = [name.strip() for name in args.modes.split(",") if name.strip()]
+    if not only or set(only) - set(MODE_NAMES):
+        raise SystemExit(f"--modes: choose from {', '.join(MODE_NAMES)}")
     results_dir = Path(args.results_dir) if args.results_dir else None
     if results_dir is None and not args.smoke:
         results_dir = ROOT / "bench" / "results"
@@ -504,7 +536,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log(f"long-run pruning benchmark: {plan}")
     with postgres(args.database_url, args.server_setting) as admin_url:
         meta["settings"] = server_settings(admin_url)
-        modes = measure(admin_url, plan, keep=args.keep_databases)
+        modes = measure(admin_url, plan, keep=args.keep_databases, only=only)
     elapsed = int(time.monotonic() - began)
     meta["duration"] = f"{elapsed // 60} min {elapsed % 60} s"
 

@@ -139,6 +139,26 @@ def test_bench_steady_smoke_run_measures_both_modes(tmp_path: Path) -> None:
     assert not (tmp_path / "steady.png").exists()
 
 
+def test_the_long_run_judges_its_last_tenth_against_its_first() -> None:
+    sys.path.insert(0, str(ROOT))
+    from bench import steady
+
+    def pruning(rates: list[float]) -> steady.Mode:
+        rounds = [
+            {"round": i, "rate": rate, "rows": 100, "bytes": 1, "elapsed": float(i), "jobs": 100}
+            for i, rate in enumerate(rates, 1)
+        ]
+        return steady.Mode("retention", "RETENTION 5 s", {"RETENTION": 5.0}, rounds)
+
+    plan = steady.FULL
+    # 20 rounds: the means of two a tenth; only one mode ran (--modes retention).
+    kept_up = steady.summary_lines([pruning([1000.0] * 18 + [950.0, 850.0])], plan)
+    slowed = steady.summary_lines([pruning([1000.0] * 18 + [900.0, 850.0])], plan)
+
+    assert kept_up[-1].startswith("- PASS with pruning, the last tenth of the rounds drained 0.90x")
+    assert slowed[-1].startswith("- MISS with pruning, the last tenth of the rounds drained 0.88x")
+
+
 def test_admin_speed_smoke_run_times_every_page(tmp_path: Path) -> None:
     result = run_smoke("admin_speed.py", tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
