@@ -617,7 +617,8 @@ def started_server(script: str, settings: Sequence[str]) -> str:
 
 def _server_setting(value: str) -> str:
     name, sep, setting = value.partition("=")
-    if not sep or not re.fullmatch(r"[a-z_]+", name) or not setting:
+    # An extension's settings are named with a dot (auto_explain.log_min_duration).
+    if not sep or not re.fullmatch(r"[a-z_]+(\.[a-z_]+)?", name) or not setting:
         raise argparse.ArgumentTypeError(
             f"expected NAME=VALUE, e.g. autovacuum_naptime=10s: {value!r}"
         )
