@@ -16,6 +16,9 @@
 -- rather than by a join the planner might turn into a scan of the table.
 --
 -- Everything else is version 10's: see claim_job_batch_v10.sql and the versions before.
+--
+-- Migration 0045 adds SET enable_seqscan = off to this function: a plan cached while the
+-- table was empty read the whole table at every claim (see the migration).
 CREATE OR REPLACE FUNCTION claim_job_batch(
     p_worker_id text,
     p_job_types text[],
