@@ -133,13 +133,45 @@ def execution_figures(conn: psycopg.Connection[Any], job_type: str = JOB_TYPE) -
     }
 
 
-def assert_each_ran_once(result: dict[str, int], jobs: int) -> None:
+def assert_each_ran_once(
+    result: dict[str, int],
+    jobs: int,
+    conn: psycopg.Connection[Any] | None = None,
+    outputs: str = "",
+) -> None:
     """Of ``execution_figures()``: all ``jobs`` completed, no run of a job began before
-    its previous run ended, and no run's writes are there twice."""
-    assert result["jobs"] == jobs
-    assert result["lost"] == 0, result
-    assert result["overlaps"] == 0, result
-    assert result["duplicates"] == 0, result
+    its previous run ended, and no run's writes are there twice. Given ``conn`` (and the
+    workers' ``outputs``), a failure tells the story of each job that did not complete."""
+    story = f"{result}\n{unfinished_jobs(conn, outputs)}" if conn is not None else result
+    assert result["jobs"] == jobs, story
+    assert result["lost"] == 0, story
+    assert result["overlaps"] == 0, story
+    assert result["duplicates"] == 0, story
+
+
+def unfinished_jobs(
+    conn: psycopg.Connection[Any], outputs: str = "", job_type: str = JOB_TYPE
+) -> str:
+    """Each job of ``job_type`` not completed or never run: its row, its attempts, and
+    the lines of the workers' ``outputs`` that name it."""
+    jobs = conn.execute(
+        "SELECT id, status, attempts, max_attempts, worker_ids, lost_with_worker, "
+        "       last_error, created_at, claimed_at, started_at, completed_at"
+        "  FROM pgqueue_jobs j WHERE job_type = %s AND (status <> 'completed' OR NOT EXISTS"
+        "       (SELECT 1 FROM testapp_execution e WHERE e.job_id = j.id))",
+        [job_type],
+    ).fetchall()
+    lines = []
+    for job in jobs:
+        lines.append(f"job {job}")
+        for attempt in conn.execute(
+            "SELECT attempt, worker_id, outcome, started_at, ended_at, error"
+            "  FROM pgqueue_job_attempts WHERE job_id = %s ORDER BY id",
+            [job[0]],
+        ):
+            lines.append(f"  attempt {attempt}")
+        lines += [f"  log: {line}" for line in outputs.splitlines() if str(job[0]) in line]
+    return "\n".join(lines)
 
 
 def completed_count(conn: psycopg.Connection[Any]) -> int:

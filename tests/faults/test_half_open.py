@@ -80,7 +80,8 @@ def test_a_partition_longer_than_stale_after_loses_and_repeats_nothing(
         silent.assert_alive()
         direct.assert_alive()
         result = execution_figures(other_connection)
-        refused = len(LOST.findall(silent.outputs()))
+        outputs = silent.outputs() + direct.outputs()
+        refused = len(LOST.findall(outputs))
     finally:
         silent.stop()
         direct.stop()
@@ -98,7 +99,7 @@ def test_a_partition_longer_than_stale_after_loses_and_repeats_nothing(
     )
     # The silent workers' handlers that went on past the recovery had their completion,
     # and their work with it, refused: no job's work committed twice.
-    assert_each_ran_once(result, JOBS)
+    assert_each_ran_once(result, JOBS, other_connection, outputs)
     assert recovered > 0  # the partition outlived STALE_AFTER: jobs changed hands
     assert noticed_after <= RESPONSE_TIMEOUT + 2
 
