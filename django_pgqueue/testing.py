@@ -292,7 +292,8 @@ def drain(
         job_id = row[names.index("id")]
         if len(runs) >= max_runs:
             # Given back as a worker gives back a job it did not start.
-            unstarted = Outcome(job_id, PENDING, refund=1, unstarted=True)
+            claimed_at = row[names.index("claimed_at")]
+            unstarted = Outcome(job_id, PENDING, claimed_at, refund=1, unstarted=True)
             psycopg.Cursor(conn).execute(
                 queries.FINISH, finish_params([unstarted], RUN_JOB_WORKER_ID), prepare=False
             )

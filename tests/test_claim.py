@@ -353,7 +353,7 @@ def test_a_claim_planned_on_an_empty_table_still_reads_only_the_rows_it_claims()
     # update read the whole table for the rows the walk had found (Seq Scan, ctid =
     # ANY): every later claim of that worker did, 3 to 4x slower (bench/steady.py).
     with connection.cursor() as cursor:
-        cursor.execute("ANALYZE pgqueue_jobs")  # the statistics of a new install
+        cursor.execute("ANALYZE pgqueue_jobs")  # an empty queue, analysed
     assert claim() == []
     with connection.cursor() as cursor:
         cursor.execute(

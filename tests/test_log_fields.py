@@ -216,7 +216,7 @@ def test_an_undecodable_jobs_record_names_it_with_the_columns_it_could_read(capl
 def test_an_outcome_refused_because_the_job_was_recovered_names_the_job(caplog, make_job):
     stale = make_job(status="running", worker_id="w-lost", attempts=1)
     runner = Worker(burst=True, worker_id="w-lost")
-    outcome = Outcome(stale.id, "completed")
+    outcome = Outcome(stale.id, "completed", stale.claimed_at)
     with connection.cursor() as cursor:
         cursor.execute("UPDATE pgqueue_jobs SET worker_id = 'w-new' WHERE id = %s", [stale.id])
         cursor.execute(*finish_statement([outcome], "w-lost"))

@@ -59,12 +59,12 @@ def row(job_id):
 
 def test_plain_completions_are_written_as_the_general_statement_writes_them(worker):
     first, second = (enqueue("tests.noop", {"n": n}) for n in range(2))
-    claim(worker, 2)
+    claims = {job.id: job.claimed_at for job in claim(worker, 2)}
     Job.objects.update(last_error="from an earlier attempt", last_traceback="tb")
     time.sleep(0.05)
     started = time.monotonic()  # a slot started them after their claim
-    outcomes = [Outcome(first.id, "completed", started=started)]
-    same_for_second = [Outcome(second.id, "completed", started=started)]
+    outcomes = [Outcome(first.id, "completed", claims[first.id], started=started)]
+    same_for_second = [Outcome(second.id, "completed", claims[second.id], started=started)]
 
     assert finish_statement(outcomes, worker.worker_id)[0] == queries.FINISH_COMPLETED
     conn = worker._db()
@@ -91,9 +91,9 @@ def test_plain_completions_of_jobs_started_at_once_keep_the_claims_start_time(wo
     # A job a free slot started at once has no start time of its own (started=None):
     # both statements keep the one the claim recorded.
     first, second = (enqueue("tests.noop", {"n": n}) for n in range(2))
-    claim(worker, 2)
+    claims = {job.id: job.claimed_at for job in claim(worker, 2)}
     claimed_start = row(first.id)["started_at"]
-    outcomes = [Outcome(first.id, "completed"), Outcome(second.id, "completed")]
+    outcomes = [Outcome(job.id, "completed", claims[job.id]) for job in (first, second)]
 
     assert finish_statement(outcomes, worker.worker_id)[0] == queries.FINISH_COMPLETED
     conn = worker._db()
@@ -107,16 +107,16 @@ def test_plain_completions_of_jobs_started_at_once_keep_the_claims_start_time(wo
 @pytest.mark.parametrize(
     "other",
     [
-        Outcome(None, "completed", result='{"n": 1}'),
-        Outcome(None, "completed", error="the return value was not stored"),
-        Outcome(None, "pending", delay=1.0, error="ValueError: x"),
-        Outcome(None, "failed", error="ValueError: x"),
-        Outcome(None, "cancelled", error="cancelled before it started"),
+        Outcome(None, "completed", None, result='{"n": 1}'),
+        Outcome(None, "completed", None, error="the return value was not stored"),
+        Outcome(None, "pending", None, delay=1.0, error="ValueError: x"),
+        Outcome(None, "failed", None, error="ValueError: x"),
+        Outcome(None, "cancelled", None, error="cancelled before it started"),
     ],
     ids=["result", "note", "retry", "failed", "cancelled"],
 )
 def test_a_batch_with_anything_but_plain_completions_uses_the_general_statement(other):
-    plain = Outcome(None, "completed", started=time.monotonic())
+    plain = Outcome(None, "completed", None, started=time.monotonic())
     assert finish_statement([plain, other], "w")[0] == queries.FINISH
     assert finish_statement([plain], "w")[0] == queries.FINISH_COMPLETED
 
@@ -130,12 +130,12 @@ def test_an_outcome_for_a_job_taken_back_is_not_recorded_and_is_logged(
     worker, caplog, second_status, error, statement
 ):
     taken, kept = (enqueue("tests.noop", {"n": n}) for n in range(2))
-    claim(worker, 2)
+    claims = {job.id: job.claimed_at for job in claim(worker, 2)}
     # Recovery returned the job, and another worker claimed it meanwhile.
     Job.objects.filter(id=taken.id).update(worker_id="other-worker")
     worker._outcomes = [
-        Outcome(taken.id, "completed", started=time.monotonic()),
-        Outcome(kept.id, second_status, started=time.monotonic(), error=error),
+        Outcome(taken.id, "completed", claims[taken.id], started=time.monotonic()),
+        Outcome(kept.id, second_status, claims[kept.id], started=time.monotonic(), error=error),
     ]
     assert finish_statement(worker._outcomes, worker.worker_id)[0] == statement
 
@@ -151,9 +151,12 @@ def test_an_outcome_for_a_job_taken_back_is_not_recorded_and_is_logged(
 
 
 def test_every_outcome_written_counts_without_warning(worker, caplog):
-    jobs = [enqueue("tests.noop", {"n": n}) for n in range(3)]
-    claim(worker, 3)
-    worker._outcomes = [Outcome(job.id, "completed", started=time.monotonic()) for job in jobs]
+    for n in range(3):
+        enqueue("tests.noop", {"n": n})
+    worker._outcomes = [
+        Outcome(job.id, "completed", job.claimed_at, started=time.monotonic())
+        for job in claim(worker, 3)
+    ]
     with caplog.at_level(logging.WARNING, logger="django_pgqueue.worker"):
         worker._cycle(None)
     assert dict(worker.stats) == {"completed": 3}

@@ -38,12 +38,13 @@ def run_in_this_thread(job):
     # in its transaction only while it does).
     # Written on a connection of its own: this thread's may have been cut.
     with open_raw_connection("default") as other:
-        other.execute(
-            "UPDATE pgqueue_jobs SET status = 'running', worker_id = 'test-slot', attempts = 1 "
-            "WHERE id = %s",
+        (claimed_at,) = other.execute(
+            "UPDATE pgqueue_jobs SET status = 'running', worker_id = 'test-slot', attempts = 1, "
+            "claimed_at = now() WHERE id = %s RETURNING claimed_at",
             [job.id],
-        )
+        ).fetchone()
     job.status, job.worker_id, job.attempts = "running", "test-slot", 1
+    job.claimed_at = claimed_at
     return execute(
         RunningJob(job=job, definition=registry.find_definition(job.job_type)), "default"
     )

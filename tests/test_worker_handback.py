@@ -2,6 +2,7 @@
 real processes are in tests/test_worker_processes.py."""
 
 import uuid
+from datetime import UTC, datetime
 
 from django_pgqueue import registry
 from django_pgqueue.models import Job
@@ -45,15 +46,28 @@ def test_a_job_that_never_started_gets_its_attempt_back():
 def test_outcomes_already_known_are_written_as_they_are():
     # A job a slot took from the prefetch buffer records when its handler started; one
     # started at once keeps the claim's time (started None).
-    finished = held(outcome=Outcome(uuid.uuid4(), "completed"), buffered=True)
+    finished = held(outcome=Outcome(uuid.uuid4(), "completed", None), buffered=True)
     finished.outcome.job_id = finished.job.id
-    started_at_once = held(outcome=Outcome(uuid.uuid4(), "completed"))
+    started_at_once = held(outcome=Outcome(uuid.uuid4(), "completed", None))
     started_at_once.outcome.job_id = started_at_once.job.id
     released = held(started=False)
-    unflushed = Outcome(released.job.id, "pending", refund=1)  # a graceful release
+    unflushed = Outcome(released.job.id, "pending", None, refund=1)  # a graceful release
     outcomes = forced_exit_outcomes([finished, started_at_once, released], [unflushed])
     assert [(o.job_id, o.status, o.started) for o in outcomes] == [
         (released.job.id, "pending", None),
         (finished.job.id, "completed", 500.0),
         (started_at_once.job.id, "completed", None),
+    ]
+
+
+def test_an_unflushed_outcome_of_an_earlier_claim_does_not_stand_for_the_later_one():
+    # Recovery took the job back and this worker claimed it again: the earlier run's
+    # outcome is written (and refused, its claim gone) and the later run handed back.
+    again = held(started=False)
+    again.job.claimed_at = datetime(2026, 1, 1, 0, 0, 2, tzinfo=UTC)
+    earlier = Outcome(again.job.id, "failed", datetime(2026, 1, 1, tzinfo=UTC), error="x")
+    outcomes = forced_exit_outcomes([again], [earlier])
+    assert [(o.status, o.claimed_at) for o in outcomes] == [
+        ("failed", earlier.claimed_at),
+        ("pending", again.job.claimed_at),
     ]

@@ -9,6 +9,7 @@ import json
 import struct
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -18,11 +19,17 @@ from psycopg.adapt import Dumper, Loader
 
 _UUID_OID, _UUID_ARRAY_OID = 2950, 2951
 _FLOAT8_OID, _FLOAT8_ARRAY_OID = 701, 1022
+_TIMESTAMPTZ_OID, _TIMESTAMPTZ_ARRAY_OID = 1184, 1185
 # A one-dimensional array without nulls: ndim, has-null flag, element type, length,
 # lower bound; then each element as its length and its bytes.
 _ARRAY_HEAD = struct.Struct("!iiIii")
 _UUID_LENGTH = struct.pack("!i", 16)
 _FLOAT8_ELEMENT = struct.Struct("!id")
+# A timestamptz: microseconds since PostgreSQL's epoch; a NULL: the length -1 alone.
+_TIMESTAMPTZ_ELEMENT = struct.Struct("!iq")
+_NULL_ELEMENT = struct.pack("!i", -1)
+_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
 
 # The C scanner behind json.loads, without the encoding detection and the two
 # whitespace matches around it. (typeshed omits the attribute JSONDecoder.__init__ sets.)
@@ -55,6 +62,10 @@ class Float8Array(list[float]):
     """A list of floats, none of them None, sent as ``float8[]``."""
 
 
+class TimestamptzArray(list[datetime | None]):
+    """A list of aware datetimes (or None), sent as ``timestamptz[]``."""
+
+
 class UUIDArrayBinaryDumper(Dumper):
     format = pq.Format.BINARY
     oid = _UUID_ARRAY_OID
@@ -73,8 +84,25 @@ class Float8ArrayBinaryDumper(Dumper):
         return head + b"".join([_FLOAT8_ELEMENT.pack(8, value) for value in obj])
 
 
+class TimestamptzArrayBinaryDumper(Dumper):
+    format = pq.Format.BINARY
+    oid = _TIMESTAMPTZ_ARRAY_OID
+
+    def dump(self, obj: TimestamptzArray) -> bytes:
+        has_null = None in obj
+        head = _ARRAY_HEAD.pack(1, int(has_null), _TIMESTAMPTZ_OID, len(obj), 1)
+        pack = _TIMESTAMPTZ_ELEMENT.pack
+        return head + b"".join(
+            [
+                _NULL_ELEMENT if value is None else pack(8, (value - _PG_EPOCH) // _MICROSECOND)
+                for value in obj
+            ]
+        )
+
+
 def adapt_worker_connection(conn: psycopg.Connection[Any]) -> None:
     """Register the worker's adapters on ``conn``."""
     conn.adapters.register_loader("jsonb", JsonbBinaryLoader)
     conn.adapters.register_dumper(UUIDArray, UUIDArrayBinaryDumper)
     conn.adapters.register_dumper(Float8Array, Float8ArrayBinaryDumper)
+    conn.adapters.register_dumper(TimestamptzArray, TimestamptzArrayBinaryDumper)

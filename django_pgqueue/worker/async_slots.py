@@ -221,7 +221,7 @@ async def _aexecute(running: RunningJob) -> Outcome:
     definition = running.definition
     assert definition is not None and definition.is_async
     if running.cancel_event.is_set():
-        return Outcome(job.id, CANCELLED, error="cancelled before it started")
+        return Outcome(job.id, CANCELLED, job.claimed_at, error="cancelled before it started")
     if running.too_late_to_start():
         return handed_back(running)
     mark_started(running)
@@ -251,7 +251,7 @@ async def _aexecute(running: RunningJob) -> Outcome:
         return outcome
     await _asend(signals.job_completed, job, result=value)
     result, note = result_json(value)
-    return Outcome(job.id, COMPLETED, result=result, error=note)
+    return Outcome(job.id, COMPLETED, job.claimed_at, result=result, error=note)
 
 
 def _close_connections() -> None:

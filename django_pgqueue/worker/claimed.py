@@ -103,6 +103,8 @@ def _undecodable(
     return Outcome(
         job_id,
         FAILED,
+        # Set by the claim itself (now()): always readable.
+        _load(cursor, row, columns.index("claimed_at")),
         error=f"{type(error).__name__}: {error}",
         traceback="".join(traceback.format_exception(exc)),
     )

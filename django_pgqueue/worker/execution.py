@@ -63,6 +63,10 @@ class Outcome:
 
     job_id: uuid.UUID
     status: str
+    #: The ``claimed_at`` of the claim whose run this outcome ends: the outcome is
+    #: recorded only while that claim holds the job, never over a later claim of it (by
+    #: the same worker, after recovery took it back). ``None``: never recorded.
+    claimed_at: datetime | None
     delay: float = 0.0
     refund: int = 0
     error: str | None = None
@@ -183,7 +187,7 @@ class RunningJob:
 def handed_back(running: RunningJob) -> Outcome:
     """A job given back unstarted: ``pending`` and due at once, its attempt refunded
     and its room in its rate limits' windows given back."""
-    return Outcome(running.job.id, PENDING, refund=1, unstarted=True)
+    return Outcome(running.job.id, PENDING, running.job.claimed_at, refund=1, unstarted=True)
 
 
 def retry_or_fail(running: RunningJob, error: str, tb: str | None, delay: float | None) -> Outcome:
@@ -191,7 +195,7 @@ def retry_or_fail(running: RunningJob, error: str, tb: str | None, delay: float 
     ``failed`` once its attempts are spent."""
     job = running.job
     if job.attempts >= job.max_attempts:
-        return Outcome(job.id, FAILED, error=error, traceback=tb)
+        return Outcome(job.id, FAILED, job.claimed_at, error=error, traceback=tb)
     if delay is None:
         definition = running.definition
         delay = (
@@ -199,7 +203,7 @@ def retry_or_fail(running: RunningJob, error: str, tb: str | None, delay: float 
             if definition
             else default_backoff().delay(job.attempts)
         )
-    return Outcome(job.id, PENDING, delay=float(delay), error=error, traceback=tb)
+    return Outcome(job.id, PENDING, job.claimed_at, delay=float(delay), error=error, traceback=tb)
 
 
 def failure_outcome(running: RunningJob, exc: BaseException) -> Outcome:
@@ -216,17 +220,19 @@ def _failure_outcome(running: RunningJob, exc: BaseException) -> Outcome:
         error = f"JobTimeout: ran past its timeout of {running.timeout:g}s"
     tb = "".join(traceback.format_exception(exc))
     if isinstance(exc, JobCancelled) or running.cancel_event.is_set():
-        return Outcome(job.id, CANCELLED, error=error, traceback=tb)
+        return Outcome(job.id, CANCELLED, job.claimed_at, error=error, traceback=tb)
     if isinstance(exc, FailJob):
-        return Outcome(job.id, FAILED, error=error, traceback=tb)
+        return Outcome(job.id, FAILED, job.claimed_at, error=error, traceback=tb)
     if isinstance(exc, JobSuspended):
-        return Outcome(job.id, PENDING, delay=exc.delay_seconds, refund=1, suspended=1)
+        return Outcome(
+            job.id, PENDING, job.claimed_at, delay=exc.delay_seconds, refund=1, suspended=1
+        )
     if isinstance(exc, RetryJob | Snooze) and exc.delay_seconds > MAX_DELAY_SECONDS:
         error = (
             f"{error}: the delay is over the longest allowed, 1,000 years "
             f"({MAX_DELAY_SECONDS:.0f} seconds)"
         )
-        return Outcome(job.id, FAILED, error=error, traceback=tb)
+        return Outcome(job.id, FAILED, job.claimed_at, error=error, traceback=tb)
     if isinstance(exc, Snooze):
         return snooze_outcome(running, exc, error, tb)
     if isinstance(exc, RetryJob):
@@ -244,8 +250,8 @@ def snooze_outcome(running: RunningJob, exc: Snooze, error: str, tb: str) -> Out
             f"{error}, but the job has already snoozed {job.snoozes} time(s), the most "
             f"PGQUEUE['MAX_SNOOZES'] allows ({most})"
         )
-        return Outcome(job.id, FAILED, error=error, traceback=tb)
-    return Outcome(job.id, PENDING, delay=exc.delay_seconds, refund=1, snoozed=1)
+        return Outcome(job.id, FAILED, job.claimed_at, error=error, traceback=tb)
+    return Outcome(job.id, PENDING, job.claimed_at, delay=exc.delay_seconds, refund=1, snoozed=1)
 
 
 def timeout_outcome(running: RunningJob) -> Outcome:
@@ -369,7 +375,7 @@ def _execute(running: RunningJob, alias: str, in_worker: bool) -> Outcome:
         return _failed(running, exc)
     if running.cancel_event.is_set():
         # Cancelled while it waited in the prefetch buffer: never started.
-        return Outcome(job.id, CANCELLED, error="cancelled before it started")
+        return Outcome(job.id, CANCELLED, job.claimed_at, error="cancelled before it started")
     if running.too_late_to_start():
         return handed_back(running)
     if in_worker:
@@ -407,7 +413,7 @@ def _execute(running: RunningJob, alias: str, in_worker: bool) -> Outcome:
     if recorded is not None:
         return recorded
     result, note = result_json(value)
-    return Outcome(job.id, COMPLETED, result=result, error=note)
+    return Outcome(job.id, COMPLETED, job.claimed_at, result=result, error=note)
 
 
 def record_in_transaction(running: RunningJob, alias: str, value: Any) -> Outcome | None:
@@ -429,7 +435,12 @@ def record_in_transaction(running: RunningJob, alias: str, value: Any) -> Outcom
         return None
     result, note = result_json(value)
     outcome = Outcome(
-        job.id, COMPLETED, result=result, error=note, started=running.recorded_start()
+        job.id,
+        COMPLETED,
+        job.claimed_at,
+        result=result,
+        error=note,
+        started=running.recorded_start(),
     )
     assert job.worker_id is not None  # a claimed job's
     timeout = conf.get_settings().RESPONSE_TIMEOUT

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from .. import conf
 from ..schema import JobStatus
 from . import queries
-from .adapters import Float8Array, UUIDArray
+from .adapters import Float8Array, TimestamptzArray, UUIDArray
 
 if TYPE_CHECKING:
     from .execution import Outcome
@@ -31,7 +31,8 @@ def finish_statement(
         if in_transaction:
             (outcome,) = outcomes
             ago = math.nan if outcome.started is None else time.monotonic() - outcome.started
-            return queries.COMPLETE_IN_TRANSACTION, [outcome.job_id, worker_id, ago]
+            params = [outcome.job_id, outcome.claimed_at, worker_id, ago]
+            return queries.COMPLETE_IN_TRANSACTION, params
         return queries.FINISH_COMPLETED, finish_completed_params(outcomes, worker_id)
     statement = queries.FINISH_IN_TRANSACTION if in_transaction else queries.FINISH
     return statement, finish_params(outcomes, worker_id)
@@ -41,6 +42,7 @@ def finish_completed_params(outcomes: list[Outcome], worker_id: str) -> list[Any
     now = time.monotonic()
     return [
         UUIDArray([o.job_id for o in outcomes]),
+        TimestamptzArray([o.claimed_at for o in outcomes]),
         Float8Array([math.nan if o.started is None else now - o.started for o in outcomes]),
         worker_id,
     ]
@@ -60,6 +62,7 @@ def finish_params(outcomes: list[Outcome], worker_id: str) -> list[Any]:
     now = time.monotonic()
     return [
         [o.job_id for o in outcomes],
+        TimestamptzArray([o.claimed_at for o in outcomes]),
         [o.status for o in outcomes],
         # float() always: psycopg refuses a list mixing ints and floats.
         [float(o.delay) for o in outcomes],

@@ -53,20 +53,21 @@ def forced_exit_outcomes(held: Iterable[RunningJob], unflushed: Iterable[Outcome
     started (it waited in the prefetch buffer) gets its attempt back, as at a graceful
     shutdown.
     """
-    outcomes = {outcome.job_id: outcome for outcome in unflushed}
+    # By claim: an outcome of an earlier claim of a job does not stand for a later one.
+    outcomes = {(outcome.job_id, outcome.claimed_at): outcome for outcome in unflushed}
     for running in held:
-        job_id = running.job.id
-        if job_id in outcomes:
+        job_id, claimed_at = claim = running.job.id, running.job.claimed_at
+        if claim in outcomes:
             continue
         if running.outcome is not None:  # finished, not yet taken by the main loop
             started = running.recorded_start()
-            outcomes[job_id] = dataclasses.replace(running.outcome, started=started)
+            outcomes[claim] = dataclasses.replace(running.outcome, started=started)
         elif running.started_wall is None:
-            outcomes[job_id] = Outcome(
-                job_id, PENDING, refund=1, error=FORCED_EXIT_ERROR, unstarted=True
+            outcomes[claim] = Outcome(
+                job_id, PENDING, claimed_at, refund=1, error=FORCED_EXIT_ERROR, unstarted=True
             )
         else:
-            outcomes[job_id] = retry_or_fail(running, FORCED_EXIT_ERROR, "", RELEASED_RUNNING_DELAY)
+            outcomes[claim] = retry_or_fail(running, FORCED_EXIT_ERROR, "", RELEASED_RUNNING_DELAY)
     return list(outcomes.values())
 
 

@@ -157,7 +157,7 @@ class _Slot(threading.Thread):
     def _run(self, running: RunningJob) -> Outcome:
         job = running.job
         if running.cancel_event.is_set():
-            return Outcome(job.id, CANCELLED, error="cancelled before it started")
+            return Outcome(job.id, CANCELLED, job.claimed_at, error="cancelled before it started")
         if running.too_late_to_start():
             return handed_back(running)
         try:
@@ -185,7 +185,9 @@ class _Slot(threading.Thread):
                 return self._received(running, process, conn)
             if running.cancel_event.is_set():
                 self._kill(f"job {job.id} was cancelled")
-                return Outcome(job.id, CANCELLED, error="cancelled: its process was killed")
+                return Outcome(
+                    job.id, CANCELLED, job.claimed_at, error="cancelled: its process was killed"
+                )
             if self._over_memory(process):
                 limit = (self._max_memory or 0) >> 20
                 self._kill(f"job {job.id} took its process past {limit} MiB")

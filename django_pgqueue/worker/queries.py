@@ -50,7 +50,10 @@ RATE_LIMITED = "SELECT EXISTS (SELECT 1 FROM pgqueue_rate_limits)"
 
 # One statement finishes a whole batch of outcomes: completions, retries, failures and
 # cancellations alike. A job retried goes back to pending with no worker; a finished
-# one keeps the worker that ran it, for the record. The arrays go in binary (%b):
+# one keeps the worker that ran it, for the record. An outcome is written only while
+# the claim it ends holds the job (the worker's id and the claim's claimed_at): recovery
+# may have taken the job back meanwhile and the same worker claimed it again, and the
+# earlier run's outcome must not end the later one. The arrays go in binary (%b):
 # psycopg dumps lists of UUIDs and floats two to three times faster in binary than in text.
 # Moments are the transaction's (now()) in the worker's batches, which claim in the same
 # transaction: a job made due at now() (a woken wait, a workflow's next job) is due to
@@ -92,11 +95,12 @@ UPDATE pgqueue_jobs AS jobs
                          WHEN o.started_ago IS NULL THEN jobs.started_at
                          ELSE GREATEST(jobs.claimed_at,
                                        {moment} - o.started_ago * interval '1 second') END
-  FROM unnest(%b::uuid[], %b::text[], %b::float8[], %b::int[], %b::text[], %b::text[],
-              %b::text[], %b::float8[], %b::int[], %b::int[])
-       AS o(id, status, delay, refund, error, traceback, result, started_ago, snoozed,
-            suspended)
+  FROM unnest(%b::uuid[], %b::timestamptz[], %b::text[], %b::float8[], %b::int[],
+              %b::text[], %b::text[], %b::text[], %b::float8[], %b::int[], %b::int[])
+       AS o(id, claimed_at, status, delay, refund, error, traceback, result, started_ago,
+            snoozed, suspended)
  WHERE jobs.id = o.id
+   AND jobs.claimed_at = o.claimed_at
    AND jobs.worker_id = %s
    AND {_HELD}
 RETURNING jobs.id, o.status, o.refund, o.snoozed, o.suspended,
@@ -133,18 +137,19 @@ UPDATE pgqueue_jobs AS jobs
        started_at = CASE WHEN o.started_ago = 'NaN' THEN jobs.started_at
                          ELSE GREATEST(jobs.claimed_at,
                                        now() - o.started_ago * interval '1 second') END
-  FROM unnest(%b::uuid[], %b::float8[]) AS o(id, started_ago)
+  FROM unnest(%b::uuid[], %b::timestamptz[], %b::float8[]) AS o(id, claimed_at, started_ago)
  WHERE jobs.id = o.id
+   AND jobs.claimed_at = o.claimed_at
    AND jobs.worker_id = %s
    AND {_HELD}
 RETURNING jobs.id
 """
 
 # FINISH_COMPLETED for one job, in its handler's transaction: a function whose plan the
-# session keeps (sql/complete_in_transaction_v1.sql); true when the attempt still held
-# the job. Parameters: the job's id, the worker's, the seconds since the handler started
-# (NaN: keep the claim's started_at).
-COMPLETE_IN_TRANSACTION = "SELECT pgqueue_complete_in_transaction(%s, %s, %s)"
+# session keeps (sql/complete_in_transaction_v2.sql); true when the attempt's claim still
+# held the job. Parameters: the job's id, its claimed_at, the worker's id, the seconds
+# since the handler started (NaN: keep the claim's started_at).
+COMPLETE_IN_TRANSACTION = "SELECT pgqueue_complete_in_transaction(%s, %s, %s, %s)"
 
 # Only the jobs the worker knows it holds: a claim whose answer was lost with the
 # connection must go stale and be recovered, not be kept alive forever.

@@ -770,7 +770,7 @@ class Worker:
         for job, deadline in batch:
             if job.cancel_requested_at is not None:
                 self._outcomes.append(
-                    Outcome(job.id, CANCELLED, error="cancelled before it started")
+                    Outcome(job.id, CANCELLED, job.claimed_at, error="cancelled before it started")
                 )
                 continue
             # The slot sets the deadline when it starts the handler (execution.execute).
@@ -840,9 +840,13 @@ class Worker:
             if running.kind != THREAD:  # no call per job for a worker of threads only
                 self.side_kinds.let_go(running)
             # Tested first: hashing a UUID is a Python call, and this is seldom needed.
-            if self._abandoned and self._abandoned.pop(job_id, None) is not None:
+            if self._abandoned and self._abandoned.get(job_id) is running:
+                del self._abandoned[job_id]
                 continue  # its timeout outcome was recorded when it was abandoned
-            self._running.pop(job_id, None)
+            # Not another claim's: recovery may have taken the job back and this worker
+            # claimed it again while this run went on (its outcome will be refused).
+            if self._running.get(job_id) is running:
+                del self._running[job_id]
             if running.duration is not None:
                 self._observe_duration(running.duration)
             if outcome.recorded:  # in the handler's transaction
@@ -906,7 +910,10 @@ class Worker:
             running.cancel_event.set()
             # Due once this process, and the handler in it, is gone (the command exits
             # with os._exit right after: handlers_left_running).
-            self._outcomes.append(Outcome(job_id, PENDING, refund=1, delay=RELEASED_RUNNING_DELAY))
+            claimed_at = running.job.claimed_at
+            self._outcomes.append(
+                Outcome(job_id, PENDING, claimed_at, refund=1, delay=RELEASED_RUNNING_DELAY)
+            )
             self.handlers_left_running = True
         self._running.clear()
         for kind in self.side_kinds.kinds:

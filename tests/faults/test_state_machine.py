@@ -63,12 +63,18 @@ class JobStateMachine(RuleBasedStateMachine):
 
     def _finish(self, worker: str, outcomes: list[tuple[Any, str, int]]) -> None:
         with connection.cursor() as cursor:
+            # The claim each outcome ends: the one holding the job, as the worker knows.
+            cursor.execute(
+                "SELECT id, claimed_at FROM pgqueue_jobs WHERE id = ANY(%s)",
+                [[job_id for job_id, _, _ in outcomes]],
+            )
+            claims = dict(cursor.fetchall())
             cursor.execute(
                 queries.FINISH,
                 # The worker's own parameter builder, so this stays the worker's statement.
                 finish_params(
                     [
-                        Outcome(job_id, status, refund=refund, error="boom")
+                        Outcome(job_id, status, claims[job_id], refund=refund, error="boom")
                         for job_id, status, refund in outcomes
                     ],
                     worker,

@@ -2,7 +2,9 @@
 
 import os
 import signal
+import threading
 import time
+from collections import defaultdict
 
 import psycopg
 from asgiref.sync import sync_to_async
@@ -267,3 +269,33 @@ def holds_io(job):
         with open(job.data["marks"], "a") as marks:
             marks.write(f"{job.worker_id} {time.time()}\n")
         time.sleep(0.02)
+
+
+#: tests/test_worker_reclaimed.py: each attempt of ``tests.gated*`` sets its number's
+#: ``gate_reached`` event, then waits until the test sets its ``gate_open`` one.
+gate_reached: defaultdict[int, threading.Event] = defaultdict(threading.Event)
+gate_open: defaultdict[int, threading.Event] = defaultdict(threading.Event)
+
+
+def _pass_gate(job):
+    gate_reached[job.attempts].set()
+    if not gate_open[job.attempts].wait(timeout=30):
+        raise RuntimeError(f"attempt {job.attempts}'s gate never opened")
+
+
+@job("tests.gated", max_attempts=5, retry_backoff=NO_BACKOFF, atomic=False)
+def gated(job):
+    """Pass the gate of this attempt, then end as ``data['then']`` says: ``"return"``
+    (completed), ``"result"`` (completed with the attempt's number) or ``"raise"``
+    (retried)."""
+    _pass_gate(job)
+    if job.data["then"] == "raise":
+        raise RuntimeError(f"attempt {job.attempts} failed")
+    return job.attempts if job.data["then"] == "result" else None
+
+
+@job("tests.gated_atomic", max_attempts=5, retry_backoff=NO_BACKOFF)
+def gated_atomic(job):
+    """Pass the gate, then record the execution: completed in the handler's transaction."""
+    _pass_gate(job)
+    _record_execution(job)
