@@ -319,6 +319,16 @@ def worker_command(module: str, dsn: str, slots: int, burst: bool) -> list[str]:
 # -- results -------------------------------------------------------------------------
 
 
+def write_results(directory: str | Path, name: str, text: str, data: dict[str, Any]) -> Path:
+    """Write a script's report as ``<name>.md`` and its figures as ``<name>.json`` in
+    ``directory`` (made if missing); return the directory."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.md").write_text(text)
+    (out / f"{name}.json").write_text(json.dumps(data, indent=2))
+    return out
+
+
 def emit(result: dict[str, Any]) -> None:
     """Print a harness's result: one JSON line, the last of its output."""
     print(json.dumps(result), flush=True)

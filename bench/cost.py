@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -47,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import run as bench  # noqa: E402
-from bench.common import parse_layout, postmaster, server_cpu  # noqa: E402
+from bench.common import parse_layout, postmaster, server_cpu, write_results  # noqa: E402
 
 SERVER_SETTINGS = (
     "shared_preload_libraries=pg_stat_statements",
@@ -723,12 +722,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 bench.drop_database(admin_url, system.dsn)
     text = markdown(steps, labels, meta)
     if args.results_dir:
-        out = Path(args.results_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "cost.md").write_text(text)
-        (out / "cost.json").write_text(
-            json.dumps({"meta": meta, "steps": [asdict(s) for s in steps]}, indent=2)
-        )
+        data = {"meta": meta, "steps": [asdict(s) for s in steps]}
+        write_results(args.results_dir, "cost", text, data)
     print(text)
     return 0
 

@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import run as bench  # noqa: E402
+from bench.common import write_results  # noqa: E402
 
 SERVER_SETTINGS = ("autovacuum=off",)
 CLAIM_SCRIPT = (ROOT / "bench" / "pgbench" / "claim_complete.sql").read_text()
@@ -439,11 +440,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             bench.drop_database(admin_url, design.dsn)
     text = markdown(results, meta)
     if args.results_dir:
-        directory = Path(args.results_dir)
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "designs.md").write_text(text)
         payload = {"meta": meta, "designs": {k: vars(v) for k, v in results.items()}}
-        (directory / "designs.json").write_text(json.dumps(payload, indent=2))
+        write_results(args.results_dir, "designs", text, payload)
     print(text)
     return 0
 

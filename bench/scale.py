@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
 import sys
@@ -37,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import cost  # noqa: E402
 from bench import run as bench  # noqa: E402
+from bench.common import write_results  # noqa: E402
 
 #: A layout's CPU share at or above which the machine's cores are what bounds it.
 CPU_BOUND_SHARE = 0.9
@@ -199,11 +199,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             bench.drop_database(admin_url, system.dsn)
     text = markdown(layouts, meta)
     if args.results_dir:
-        out = Path(args.results_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "scale.md").write_text(text)
         data = {"meta": meta, "layouts": [asdict(layout) for layout in layouts]}
-        (out / "scale.json").write_text(json.dumps(data, indent=2))
+        write_results(args.results_dir, "scale", text, data)
     print(text)
     return 0
 

@@ -81,13 +81,13 @@ class Plan:
         ]
 
 
-#: The modes' names, in the order they run.
-MODE_NAMES = ("retention", "none")
 #: The long run's target: the last tenth of its rounds drain at least this share of
 #: the first tenth's rate, with pruning on.
 STEADY_TARGET = 0.9
 FULL = Plan("full", rounds=30, jobs=20_000, pause=0.0, retention=5.0)
 QUICK = Plan("quick", rounds=6, jobs=5_000, pause=0.0, retention=5.0)
+#: The modes' names, in the order they run (every plan has the same).
+MODE_NAMES = tuple(name for name, _, _ in FULL.modes())
 # Rounds this small end long before a default heartbeat (10 s): beats every 0.5 s and a
 # pause between rounds let pruning act, so that the smoke run covers it too.
 SMOKE = Plan("smoke", rounds=2, jobs=200, pause=3.0, retention=1.0, heartbeat=0.5)
@@ -542,10 +542,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     text = markdown(meta, modes, plan)
     if results_dir:
-        results_dir.mkdir(parents=True, exist_ok=True)
-        (results_dir / "steady.md").write_text(text)
         data = {"meta": meta, "modes": [asdict(mode) for mode in modes]}
-        (results_dir / "steady.json").write_text(json.dumps(data, indent=2))
+        common.write_results(results_dir, "steady", text, data)
         if not args.no_chart and not args.smoke:
             chart(meta, modes, results_dir / "steady.png")
         log(f"wrote {results_dir}")
