@@ -12,7 +12,7 @@ from django.db import connection, transaction
 from django_pgqueue import enqueue
 from django_pgqueue.models import Job, JobStatus
 from django_pgqueue.recovery import recover_stale_jobs
-from tests.testapp.jobs import gate_open, gate_reached
+from tests.testapp.jobs import gate_cancel_requested, gate_open, gate_reached
 from tests.testapp.models import Execution
 from tests.workers import wait_for, worker_thread
 
@@ -23,6 +23,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def gates():
     gate_reached.clear()
     gate_open.clear()
+    gate_cancel_requested.clear()
     yield
     for event in list(gate_open.values()):
         event.set()  # no handler left waiting
@@ -84,6 +85,9 @@ def test_the_earlier_attempt_of_a_job_claimed_again_by_its_worker_records_nothin
         assert list(Execution.objects.filter(job_id=job.id).values_list("attempt", flat=True)) == [
             2
         ]
+    # Attempt 1 was asked to stop once the job was claimed again, whether or not the
+    # heartbeat had found the job gone before; attempt 2 never was.
+    assert gate_cancel_requested == {1: True, 2: False}
     outcomes = list(done.attempt_history.values_list("attempt", "outcome"))
     assert outcomes[0] == (1, "lost")
     assert (1, "cancelled") not in outcomes and (1, "retried") not in outcomes

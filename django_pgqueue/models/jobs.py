@@ -631,8 +631,8 @@ class Job(JobsDatabaseModel):
         heartbeat; elsewhere it reads the database.
 
         The worker sets the flag within ``HEARTBEAT_INTERVAL`` of the request; it also
-        sets it when it releases the job at shutdown or finds it was recovered by another
-        worker.
+        sets it when it releases the job at shutdown, or finds it was recovered (given to
+        another worker, or claimed again by this one while this run went on).
         """
         if self._cancel_event is not None:
             return self._cancel_event.is_set()

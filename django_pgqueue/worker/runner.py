@@ -787,7 +787,8 @@ class Worker:
                 )
                 free_elsewhere[kind] -= 1
                 side.held += 1
-                self._running[job.id] = running
+                if self._running.setdefault(job.id, running) is not running:
+                    self._supersede(running)
                 side.pool.submit(running)
                 continue
             running = RunningJob(
@@ -797,8 +798,26 @@ class Worker:
                 start_by=deadline,
             )
             free -= 1
-            self._running[job.id] = running
+            # One lookup, as the assignment it stands for: an earlier run of the job is
+            # rare (recovery took the job back and this worker claimed it again).
+            if self._running.setdefault(job.id, running) is not running:
+                self._supersede(running)
             slots.submit(running)
+
+    def _supersede(self, running: RunningJob) -> None:
+        """Hold ``running`` in place of an earlier run of its job, which is asked to stop:
+        that run's claim is gone, and its outcome will be refused."""
+        job_id = running.job.id
+        self._running[job_id].cancel_event.set()
+        self._running[job_id] = running
+        logger.warning(
+            "job %s was claimed again by %s while an earlier run of it went on (recovery "
+            "had taken it back): that run is asked to stop, and its outcome will not be "
+            "recorded",
+            job_id,
+            self.worker_id,
+            extra=job_fields(running.job),
+        )
 
     def _record_finished(self, outcomes: list[Outcome], finish: psycopg.Cursor[Any]) -> None:
         self._outcomes = self._outcomes[len(outcomes) :]

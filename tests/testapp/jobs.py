@@ -275,12 +275,15 @@ def holds_io(job):
 #: ``gate_reached`` event, then waits until the test sets its ``gate_open`` one.
 gate_reached: defaultdict[int, threading.Event] = defaultdict(threading.Event)
 gate_open: defaultdict[int, threading.Event] = defaultdict(threading.Event)
+#: Whether each attempt was asked to stop by the time its gate opened.
+gate_cancel_requested: dict[int, bool] = {}
 
 
 def _pass_gate(job):
     gate_reached[job.attempts].set()
     if not gate_open[job.attempts].wait(timeout=30):
         raise RuntimeError(f"attempt {job.attempts}'s gate never opened")
+    gate_cancel_requested[job.attempts] = job.is_cancel_requested()
 
 
 @job("tests.gated", max_attempts=5, retry_backoff=NO_BACKOFF, atomic=False)
